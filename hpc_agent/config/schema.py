@@ -1,0 +1,426 @@
+"""The config schema: structured dataclasses, one docstring per field.
+
+Each section checks itself in ``__post_init__`` and raises :class:`ConfigError`
+with *every* problem it found, each naming the key path, the bad value and what
+would be accepted. ``hpc_agent.config.load`` builds the sections one by one so
+that problems from all sections (plus type and unknown-key errors) are reported
+together.
+
+The field docstrings (string literals right after a field) are read by
+``hpc_agent.config.docs`` to print the config reference.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from hpc_agent.config.problems import ConfigError, Problem, shell_unsafe_reason
+
+PRECISIONS = ("auto", "fp16", "bf16", "fp32")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+WORKLOADS = ("gpt", "classifier")
+IMBALANCE_METHODS = ("none", "class_weight", "weighted_sampler", "mixup", "smote")
+
+# Slurm accepts these --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+# --mem: a number with an optional K/M/G/T suffix.
+_MEM_RE = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+# Names end up in directory names and job names: keep them boring.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _check_positive(section: str, obj: object, names: List[str], problems: List[Problem]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is None or value <= 0:
+            problems.append(Problem(f"{section}.{name}", value, "a number greater than 0"))
+
+
+def _check_choice(key: str, value: object, choices: tuple, problems: List[Problem]) -> None:
+    if value not in choices:
+        problems.append(Problem(key, value, "one of " + ", ".join(choices)))
+
+
+def _check_shell_safe(key: str, value: Optional[str], problems: List[Problem]) -> None:
+    """Values that reach an ``#SBATCH`` line or a shell line must not be able to inject code."""
+    if value is None:
+        return
+    reason = shell_unsafe_reason(str(value))
+    if reason:
+        problems.append(Problem(key, value, f"a value without {reason} (it would be written into the job script)"))
+
+
+def _raise_if(problems: List[Problem]) -> None:
+    if problems:
+        raise ConfigError(problems)
+
+
+@dataclass
+class RunConfig:
+    """Where the run lives and what it is called."""
+
+    name: str = "run"
+    """Short run name. The run directory is ``<runs_root>/<name>-<timestamp>``; the run id is that
+    directory's name and is carried in the Slurm job name so the watcher can find the job again."""
+
+    runs_root: str = "./runs"
+    """Directory that holds all run directories and the ledger. The environment variable
+    ``HPC_AGENT_RUNS`` overrides the YAML value; a ``run.runs_root=...`` CLI override beats both."""
+
+    def problems(self) -> List[Problem]:
+        problems: List[Problem] = []
+        if not _NAME_RE.match(str(self.name)):
+            problems.append(Problem("run.name", self.name, "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"))
+        _check_shell_safe("run.runs_root", self.runs_root, problems)
+        if not str(self.runs_root).strip():
+            problems.append(Problem("run.runs_root", self.runs_root, "a directory path"))
+        return problems
+
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+
+@dataclass
+class SlurmConfig:
+    """What the job asks Slurm for. Every string here is written into ``#SBATCH`` lines."""
+
+    partition: Optional[str] = None
+    """Partition (queue) to submit to; None uses the cluster's default partition."""
+
+    account: Optional[str] = None
+    """Account to charge; None uses your default account."""
+
+    qos: Optional[str] = None
+    """Quality of service; None uses the default."""
+
+    nodes: int = 1
+    """Number of nodes."""
+
+    tasks_per_node: int = 1
+    """Training processes per node (one per GPU on GPU nodes). Each is one rank of the srun step."""
+
+    gpus_per_node: int = 0
+    """GPUs per node; 0 means a CPU-only job (then FP16 is not available)."""
+
+    cpus_per_task: int = 1
+    """CPU cores per training process."""
+
+    mem: Optional[str] = "4G"
+    """Memory per node as Slurm's ``--mem`` (e.g. ``4G``, ``16000M``); None leaves it to the partition default.
+    Exceeding it ends the job as OUT_OF_MEMORY (the cgroup kills it)."""
+
+    time: str = "01:00:00"
+    """Time limit, in any form ``--time`` accepts (``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``)."""
+
+    constraint: Optional[str] = None
+    """Node features to require (``--constraint``)."""
+
+    exclude: Optional[str] = None
+    """Nodes to avoid (``--exclude``), e.g. ``node3,node7``. The watcher adds failed nodes here."""
+
+    requeue: bool = True
+    """Submit with ``--requeue`` so Slurm requeues the job after a preemption or node failure."""
+
+    signal_lead_s: int = 120
+    """Seconds before the time limit at which Slurm sends SIGUSR2 (``--signal=USR2@N``) so the job can
+    checkpoint in time."""
+
+    template: str = "default"
+    """Name of the file in ``sbatch_templates/`` (without ``.yaml``) that supplies the environment setup
+    lines and srun options of the job script."""
+
+    extra_sbatch: Dict[str, str] = field(default_factory=dict)
+    """Further sbatch options as ``{option: value}``, e.g. ``{mail-type: END}``. An empty value makes a
+    bare flag (``--option``)."""
+
+    def problems(self) -> List[Problem]:
+        problems: List[Problem] = []
+        _check_positive("slurm", self, ["nodes", "tasks_per_node", "cpus_per_task", "signal_lead_s"], problems)
+        if self.gpus_per_node is None or self.gpus_per_node < 0:
+            problems.append(Problem("slurm.gpus_per_node", self.gpus_per_node, "0 (CPU only) or a positive number"))
+        for name in ("partition", "account", "qos", "constraint", "exclude", "mem", "time", "template"):
+            _check_shell_safe(f"slurm.{name}", getattr(self, name), problems)
+        if self.mem is not None and not _MEM_RE.match(str(self.mem)):
+            problems.append(Problem("slurm.mem", self.mem, "a size such as 4G, 16000M or 500000K"))
+        if not _TIME_RE.match(str(self.time)):
+            problems.append(Problem("slurm.time", self.time, "a Slurm time such as 30, 01:00:00 or 1-12:00:00"))
+        if not re.match(r"^[A-Za-z0-9_-]+$", str(self.template)):
+            problems.append(Problem("slurm.template", self.template, "a template file name from sbatch_templates/ without .yaml"))
+        for key, value in (self.extra_sbatch or {}).items():
+            if not re.match(r"^[a-z][a-z0-9-]*$", str(key)):
+                problems.append(Problem(f"slurm.extra_sbatch.{key}", value, "an sbatch long option name such as mail-type"))
+            _check_shell_safe(f"slurm.extra_sbatch.{key}", value, problems)
+        return problems
+
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+
+@dataclass
+class TrainConfig:
+    """What the training job does; turned into a DeepSpeed config inside the job."""
+
+    workload: str = "gpt"
+    """Which model and data: ``gpt`` (byte-level GPT on text shipped with the repo) or ``classifier``
+    (MLP on a generated, imbalanced dataset)."""
+
+    max_steps: int = 100
+    """Optimizer steps to train for."""
+
+    micro_batch_size: int = 8
+    """Samples per rank per forward pass. Global batch = micro_batch_size x grad_accum_steps x ranks."""
+
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step."""
+
+    lr: float = 3e-4
+    """Peak learning rate (AdamW), reached after the warmup."""
+
+    warmup_steps: int = 10
+    """Linear warmup steps; cosine decay follows until max_steps."""
+
+    precision: str = "auto"
+    """``auto`` (FP16 on CUDA, BF16 on CPU), ``fp16`` (GPU only: DeepSpeed has no FP16 on the CPU),
+    ``bf16`` or ``fp32``."""
+
+    zero_stage: int = 1
+    """DeepSpeed ZeRO stage: 0 (plain data parallel) to 3 (parameters sharded too)."""
+
+    offload: str = "none"
+    """Offload to CPU memory: ``none``, ``optimizer`` (ZeRO 2 or 3) or ``optimizer+params`` (ZeRO 3)."""
+
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass: less memory for ~1/3 more compute."""
+
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 turns clipping off."""
+
+    ckpt_every: int = 50
+    """Save a checkpoint every N optimizer steps (and always on SIGUSR2/SIGTERM)."""
+
+    keep_checkpoints: int = 3
+    """How many recent checkpoints to keep; the newest complete one is never deleted."""
+
+    seed: int = 1234
+    """Random seed for model init, data order and dropout."""
+
+    log_every: int = 1
+    """Write TensorBoard scalars every N optimizer steps."""
+
+    eval_every: int = 0
+    """Run the workload's evaluation every N steps (0: only at the end)."""
+
+    min_lr_ratio: float = 0.1
+    """The cosine decay ends at ``lr * min_lr_ratio``."""
+
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+
+    initial_scale_power: int = 16
+    """FP16 only: the dynamic loss scale starts at ``2**initial_scale_power``."""
+
+    loss_scale_window: int = 1000
+    """FP16 only: steps without overflow before the loss scale is doubled."""
+
+    hysteresis: int = 2
+    """FP16 only: overflows tolerated before the loss scale is lowered."""
+
+    min_loss_scale: float = 1.0
+    """FP16 only: the loss scale never drops below this; hitting it repeatedly means divergence."""
+
+    def problems(self) -> List[Problem]:
+        problems: List[Problem] = []
+        _check_positive("train", self, ["max_steps", "micro_batch_size", "grad_accum_steps", "lr", "ckpt_every", "keep_checkpoints", "log_every"], problems)
+        _check_choice("train.workload", self.workload, WORKLOADS, problems)
+        _check_choice("train.precision", self.precision, PRECISIONS, problems)
+        _check_choice("train.offload", self.offload, OFFLOADS, problems)
+        if self.zero_stage not in (0, 1, 2, 3):
+            problems.append(Problem("train.zero_stage", self.zero_stage, "0, 1, 2 or 3"))
+        elif self.offload == "optimizer" and self.zero_stage < 2:
+            problems.append(Problem("train.offload", self.offload, "offload needs train.zero_stage=2 or 3 (or set train.offload=none)"))
+        elif self.offload == "optimizer+params" and self.zero_stage != 3:
+            problems.append(Problem("train.offload", self.offload, "parameter offload needs train.zero_stage=3 (or use train.offload=optimizer)"))
+        if self.warmup_steps is None or self.warmup_steps < 0:
+            problems.append(Problem("train.warmup_steps", self.warmup_steps, "0 or more"))
+        if self.grad_clip is None or self.grad_clip < 0:
+            problems.append(Problem("train.grad_clip", self.grad_clip, "0 (off) or a positive norm"))
+        if self.eval_every is None or self.eval_every < 0:
+            problems.append(Problem("train.eval_every", self.eval_every, "0 (only at the end) or a positive step count"))
+        if self.min_lr_ratio is None or not 0 <= self.min_lr_ratio <= 1:
+            problems.append(Problem("train.min_lr_ratio", self.min_lr_ratio, "a fraction between 0 and 1"))
+        if self.weight_decay is None or self.weight_decay < 0:
+            problems.append(Problem("train.weight_decay", self.weight_decay, "0 or more"))
+        _check_positive("train", self, ["loss_scale_window", "hysteresis", "min_loss_scale"], problems)
+        if self.initial_scale_power is None or not 0 <= self.initial_scale_power <= 32:
+            problems.append(Problem("train.initial_scale_power", self.initial_scale_power, "0 to 32"))
+        return problems
+
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+
+@dataclass
+class ModelConfig:
+    """Model size. ``gpt`` uses all fields; ``classifier`` (an MLP) uses d_model, n_layers and dropout."""
+
+    n_layers: int = 2
+    """Transformer blocks (gpt) or hidden layers (classifier)."""
+
+    d_model: int = 64
+    """Width of the residual stream (gpt) or of each hidden layer (classifier)."""
+
+    n_heads: int = 4
+    """Attention heads (gpt); must divide d_model."""
+
+    seq_len: int = 64
+    """Context length in bytes (gpt)."""
+
+    dropout: float = 0.0
+    """Dropout probability."""
+
+    def problems(self) -> List[Problem]:
+        problems: List[Problem] = []
+        _check_positive("model", self, ["n_layers", "d_model", "n_heads", "seq_len"], problems)
+        if self.n_heads and self.d_model and self.n_heads > 0 and self.d_model % self.n_heads:
+            problems.append(Problem("model.n_heads", self.n_heads, f"a divisor of model.d_model={self.d_model}"))
+        if self.dropout is None or not 0 <= self.dropout < 1:
+            problems.append(Problem("model.dropout", self.dropout, "a probability in [0, 1)"))
+        return problems
+
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+
+@dataclass
+class DataConfig:
+    """Training data. Nothing is downloaded: text ships with the repo, tabular data is generated."""
+
+    path: Optional[str] = None
+    """gpt: a UTF-8 text file (default: the corpus shipped in launch/data). classifier: a CSV whose last
+    column is the integer label (default: a generated imbalanced dataset)."""
+
+    num_classes: int = 5
+    """classifier, generated data: number of classes."""
+
+    num_features: int = 32
+    """classifier, generated data: number of features."""
+
+    num_samples: int = 20000
+    """classifier, generated data: number of training samples."""
+
+    imbalance_ratio: float = 50.0
+    """classifier, generated data: samples of the largest class per sample of the smallest (>= 1)."""
+
+    imbalance_method: str = "none"
+    """classifier: ``none`` (plain cross-entropy), ``class_weight`` (weighted loss), ``weighted_sampler``,
+    ``mixup`` or ``smote`` (imbalanced-learn oversampling)."""
+
+    def problems(self) -> List[Problem]:
+        problems: List[Problem] = []
+        _check_positive("data", self, ["num_classes", "num_features", "num_samples"], problems)
+        if self.imbalance_ratio is None or self.imbalance_ratio < 1:
+            problems.append(Problem("data.imbalance_ratio", self.imbalance_ratio, "1 or more"))
+        _check_choice("data.imbalance_method", self.imbalance_method, IMBALANCE_METHODS, problems)
+        return problems
+
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+
+@dataclass
+class FaultsConfig:
+    """Fault injection for tests and the chaos suite. Everything is off (0) by default."""
+
+    oom_above_micro_batch: int = 0
+    """Raise a real out-of-memory error in the forward pass while micro_batch_size is above this."""
+
+    host_alloc_mb: int = 0
+    """Allocate (and touch) this many MB of host memory at ``host_alloc_step``: the cgroup kills the job."""
+
+    host_alloc_step: int = 0
+    """Step at which ``host_alloc_mb`` is allocated."""
+
+    nan_at_step: int = 0
+    """Make the loss NaN at this step."""
+
+    hang_at_step: int = 0
+    """Stop making progress (sleep) at this step."""
+
+    error_at_step: int = 0
+    """Raise a plain Python error (a code bug) at this step."""
+
+    def problems(self) -> List[Problem]:
+        problems: List[Problem] = []
+        for name in ("oom_above_micro_batch", "host_alloc_mb", "host_alloc_step", "nan_at_step", "hang_at_step", "error_at_step"):
+            value = getattr(self, name)
+            if value is None or value < 0:
+                problems.append(Problem(f"faults.{name}", value, "0 (off) or a positive number"))
+        return problems
+
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+
+@dataclass
+class WatchConfig:
+    """How the watcher treats this run (used by ``python -m hpc_agent.watch``)."""
+
+    enabled: bool = True
+    """Let the watcher requeue or resubmit this run when an attempt fails."""
+
+    max_retries: int = 8
+    """Overall retry budget across all causes."""
+
+    def problems(self) -> List[Problem]:
+        problems: List[Problem] = []
+        if self.max_retries is None or self.max_retries < 0:
+            problems.append(Problem("watch.max_retries", self.max_retries, "0 or more"))
+        return problems
+
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+
+@dataclass
+class Config:
+    """A whole run: where it lives, what it asks Slurm for, how it trains, how it is watched."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run name and location."""
+
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """Slurm resources and job script options."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Training settings."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model size."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training data."""
+
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    """Fault injection (tests and chaos runs only)."""
+
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    """Watcher settings."""
+
+    def problems(self) -> List[Problem]:
+        """Checks that span sections (each section has already checked itself)."""
+        problems: List[Problem] = []
+        if self.train.precision == "fp16" and not self.slurm.gpus_per_node:
+            problems.append(Problem(
+                "train.precision", "fp16",
+                "bf16, fp32 or auto: FP16 needs a CUDA GPU and slurm.gpus_per_node is 0 "
+                "(DeepSpeed has no FP16 on the CPU); or ask for GPUs with slurm.gpus_per_node=1",
+            ))
+        return problems
+
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+
+SECTIONS = {"run": RunConfig, "slurm": SlurmConfig, "train": TrainConfig, "model": ModelConfig,
+            "data": DataConfig, "faults": FaultsConfig, "watch": WatchConfig}

@@ -1,0 +1,63 @@
+"""The only place that runs Slurm commands.
+
+Every call is an argv list with a timeout (never ``shell=True``), so a config value can never be
+interpreted by a shell and a hung slurmctld can never hang the caller.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Iterable, List, Sequence
+
+ALLOWED = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "sinfo")
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed, timed out or is not installed."""
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: Sequence[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class SlurmCLI:
+    """Runs Slurm commands. Inject a fake one in tests of code that calls it."""
+
+    def __init__(self, timeout_s: float = 30.0):
+        self.timeout_s = timeout_s
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("sbatch") is not None
+
+    def run(self, argv: Sequence[str], check: bool = True, timeout_s: float | None = None) -> Result:
+        if not argv or argv[0] not in ALLOWED:
+            raise SlurmError(f"refusing to run {argv[:1]}: only {', '.join(ALLOWED)} are allowed")
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True,
+                                  timeout=timeout_s or self.timeout_s, check=False)
+        except FileNotFoundError as exc:
+            raise SlurmError(f"{argv[0]} is not installed or not on PATH") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmError(f"{' '.join(argv)} timed out after {exc.timeout:.0f} s") from exc
+        result = Result(list(argv), proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise SlurmError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return result
+
+    def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = ("JobID", "JobName", "State", "ExitCode",
+                                                                      "NodeList", "Start", "End"),
+              all_attempts: bool = True) -> str:
+        """One batched ``sacct --parsable2`` call for all ``job_ids`` (never one call per job)."""
+        ids: List[str] = [str(j) for j in job_ids]
+        if not ids:
+            return ""
+        argv = ["sacct", "--parsable2", "--format", ",".join(fields), "--jobs", ",".join(ids)]
+        if all_attempts:
+            argv.insert(1, "--duplicates")  # -D: every attempt of a requeued job, not only the last
+        return self.run(argv).stdout

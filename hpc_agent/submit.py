@@ -1,0 +1,174 @@
+"""python -m hpc_agent.submit CONFIG [key=value ...] [--dry-run] [--executor auto|slurm|local] [--wait]
+
+Validate a config, create the run directory, record the intent in the ledger, submit through
+submitit, record the job id. Runs on login nodes: imports neither torch nor deepspeed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from hpc_agent.config.load import load_config, to_yaml
+from hpc_agent.config.problems import ConfigError
+from hpc_agent.fsutil import atomic_write_json, atomic_write_text
+from hpc_agent.launcher import (EXECUTORS, job_name_for, local_parameters, make_executor, make_run_id,
+                                render_job_script)
+from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+from hpc_agent.slurm.sacct import job_state, parse_parsable2
+
+EXIT_CONFIG = 2
+EXIT_SUBMIT_FAILED = 3
+EXIT_JOB_FAILED = 4
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+                   "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc_agent.submit",
+        description="Validate a training config and submit it as a Slurm job (or a local job).",
+        epilog="Example: python -m hpc_agent.submit configs/quickstart.yaml train.lr=1e-3 slurm.partition=low",
+    )
+    parser.add_argument("config", help="YAML config: a path, or the name of a file in configs/ (e.g. quickstart)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.max_steps=50")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and job script; submit nothing")
+    parser.add_argument("--executor", choices=EXECUTORS, default="auto",
+                        help="slurm (sbatch), local (a process on this machine), or auto: slurm if sbatch is on PATH")
+    parser.add_argument("--wait", action="store_true", help="wait for the job to finish and print its state and log tail")
+    parser.add_argument("--wait-timeout", type=float, default=3600, help="seconds to wait with --wait (default 3600)")
+    return parser
+
+
+def choose_executor(requested: str, sbatch_available: bool) -> tuple[str, Optional[str]]:
+    """The executor to use and, for ``auto``, a line announcing the choice."""
+    if requested != "auto":
+        return requested, None
+    if sbatch_available:
+        return "slurm", "executor: slurm (sbatch found on PATH)"
+    return "local", "executor: local (no sbatch on PATH; the job runs as a process on this machine)"
+
+
+def new_run_dir(runs_root: Path, name: str, now: _dt.datetime) -> tuple[str, Path]:
+    """A fresh ``<runs_root>/<name>-<timestamp>`` (suffixed if two submits share a second)."""
+    base = make_run_id(name, now)
+    run_id, n = base, 1
+    while (runs_root / run_id).exists():
+        n += 1
+        run_id = f"{base}-{n}"
+    return run_id, runs_root / run_id
+
+
+def _log_paths(folder: Path, job_id: str, tasks: int) -> List[Path]:
+    return [folder / f"{job_id}_{t}_log.out" for t in range(tasks)]
+
+
+def _wait(executor_kind: str, job, job_id: str, timeout_s: float) -> str:
+    """Poll until the job is finished; returns its final state."""
+    deadline = time.monotonic() + timeout_s
+    if executor_kind == "local":
+        while not job.done() and time.monotonic() < deadline:
+            time.sleep(1)
+        return "COMPLETED" if job.done() and job.exception() is None else ("FAILED" if job.done() else "RUNNING")
+    cli = SlurmCLI()
+    state = "UNKNOWN"
+    delay = 1.0
+    while time.monotonic() < deadline:
+        try:
+            state = job_state(parse_parsable2(cli.sacct([job_id])), job_id) or "UNKNOWN"
+        except SlurmError as exc:  # accounting hiccup: the state is unknown, keep waiting
+            print(f"  (sacct failed: {exc}; retrying)", file=sys.stderr)
+        if state in TERMINAL_STATES:
+            return state
+        time.sleep(delay)
+        delay = min(delay * 1.5, 10.0)
+    return state
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        print("Nothing was submitted. Fix the values above and run the command again.", file=sys.stderr)
+        return EXIT_CONFIG
+
+    kind, announcement = choose_executor(args.executor, SlurmCLI.available())
+    if announcement:
+        print(announcement)
+    runs_root = Path(cfg.run.runs_root).expanduser().resolve()
+    run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now())
+    config_path = run_dir / "config.yaml"
+    folder = run_dir / "slurm"
+
+    if args.dry_run:
+        try:
+            script = render_job_script(cfg, run_id, run_dir, config_path) if kind == "slurm" else None
+        except ConfigError as exc:
+            print(exc.render(), file=sys.stderr)
+            return EXIT_CONFIG
+        print("# Resolved config")
+        print(to_yaml(cfg))
+        if script is not None:
+            print("# Job script (sbatch)")
+            print(script)
+        else:
+            print(f"# Local job: {cfg.slurm.tasks_per_node} task(s) on this machine, "
+                  f"timeout {local_parameters(cfg)['timeout_min']} min")
+        print("# Dry run: nothing was created or submitted.")
+        return 0
+
+    from hpc_agent.job import TrainingJob
+    from hpc_agent.ledger import Ledger
+
+    try:
+        executor = make_executor(kind, folder, cfg, run_id, run_dir, config_path)  # creates run_dir/slurm
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_CONFIG
+    (run_dir / "tb").mkdir()
+    (run_dir / "checkpoints").mkdir()
+    atomic_write_text(config_path, to_yaml(cfg))
+    ledger = Ledger.in_runs_root(runs_root)
+    ledger.add_run(run_id, cfg.run.name, str(run_dir))
+    # The intent goes in before sbatch: a crash after this line is reconciled, never re-submitted blind.
+    submission_id = ledger.record_intent(run_id, kind, str(config_path), reason="submit")
+    try:
+        job = executor.submit(TrainingJob(run_dir, config_path))
+    except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
+        ledger.record_failed(submission_id, str(exc))
+        print(f"Submission failed: {exc}", file=sys.stderr)
+        return EXIT_SUBMIT_FAILED
+    ledger.record_submitted(submission_id, job.job_id)
+    ledger.close()
+
+    logs = _log_paths(folder, job.job_id, cfg.slurm.tasks_per_node * (cfg.slurm.nodes if kind == "slurm" else 1))
+    atomic_write_json(run_dir / "run.json", {
+        "run_id": run_id, "job_name": job_name_for(run_id), "executor": kind, "job_ids": [job.job_id],
+        "submitted_at": _dt.datetime.now().isoformat(timespec="seconds"), "config": str(config_path),
+        "logs": [str(p) for p in logs], "tensorboard": str(run_dir / "tb"),
+    })
+    print(f"run id:       {run_id}")
+    print(f"run dir:      {run_dir}")
+    print(f"job id:       {job.job_id} ({kind})")
+    print(f"logs:         {logs[0]}" + (f" (+{len(logs) - 1} more ranks)" if len(logs) > 1 else ""))
+    print(f"tensorboard:  tensorboard --logdir {run_dir / 'tb'}")
+    print(f"next:         python -m hpc_agent.watch --runs-root {runs_root}   # follow and repair this run")
+
+    if not args.wait:
+        return 0
+    print(f"waiting for job {job.job_id} ...", flush=True)
+    state = _wait(kind, job, job.job_id, args.wait_timeout)
+    print(f"job {job.job_id} finished: {state}")
+    if logs[0].exists():
+        tail = logs[0].read_text(errors="replace").splitlines()[-10:]
+        print("log tail:\n  " + "\n  ".join(tail))
+    return 0 if state == "COMPLETED" else EXIT_JOB_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

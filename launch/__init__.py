@@ -1,0 +1,1 @@
+"""What runs inside the job: the training entry point and its parts (imports torch)."""

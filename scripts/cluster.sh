@@ -1,0 +1,790 @@
+#!/usr/bin/env bash
+# scripts/cluster.sh -- bring a REAL single-host Slurm test cluster up and down.
+#
+# Runs every daemon of a small Slurm 22.05 (Debian 12) installation on this
+# one machine, without systemd:
+#
+#   munged -> mariadbd -> slurmdbd -> slurmctld -> N x slurmd (node1..nodeN)
+#
+# The N slurmd processes are "fake" compute nodes: each is started with
+# `slurmd -N nodeX`, listens on its own port and declares its own CPUs and
+# memory, so multi-node jobs, preemption, OOM, TIMEOUT and NODE_FAIL can be
+# exercised for real by the test-suite.
+#
+# Usage: scripts/cluster.sh up|down [--purge]|status|env|kill-node N|start-node N
+# Run `scripts/cluster.sh --help` for details and environment knobs.
+
+set -euo pipefail
+
+# --------------------------------------------------------------------------
+# Knobs (environment)
+# --------------------------------------------------------------------------
+NODES=${HPC_SLURM_NODES:-2}                   # number of fake nodes
+CPUS_PER_NODE=${HPC_SLURM_CPUS_PER_NODE:-2}   # CPUs each node declares
+MEM_PER_NODE=${HPC_SLURM_MEM_PER_NODE:-6000}  # MB each node declares
+GRACE_TIME=${HPC_SLURM_GRACE_TIME:-30}        # preemption grace (s), partition low
+SLURMD_TIMEOUT=${HPC_SLURM_SLURMD_TIMEOUT:-20} # s until a silent node is DOWN
+CLUSTER=${HPC_SLURM_CLUSTER:-localhpc}        # ClusterName (lower case!)
+NODE_PORT_BASE=${HPC_SLURM_NODE_PORT_BASE:-6830} # nodeX listens on BASE+X
+WAIT_TIMEOUT=${HPC_SLURM_WAIT_TIMEOUT:-60}    # s to wait for each daemon
+
+# --------------------------------------------------------------------------
+# Fixed locations. /etc/slurm is the path compiled into Debian's Slurm, so
+# sbatch/sacct/... find the config without SLURM_CONF.
+# --------------------------------------------------------------------------
+ETC_DIR=/etc/slurm
+SLURM_CONF_FILE=$ETC_DIR/slurm.conf
+CGROUP_CONF_FILE=$ETC_DIR/cgroup.conf
+DBD_CONF_FILE=$ETC_DIR/slurmdbd.conf
+LOG_DIR=/var/log/slurm
+STATE_DIR=/var/lib/slurm/slurmctld           # StateSaveLocation (job state)
+SPOOL_ROOT=/var/lib/slurm/slurmd             # SlurmdSpoolDir=$SPOOL_ROOT/%n
+RUN_DIR=/run/slurm                           # pid files
+MYSQL_RUN=/run/mysqld
+MYSQL_SOCK=$MYSQL_RUN/mysqld.sock
+MYSQL_LOG=$LOG_DIR/mariadb.log
+MUNGE_KEY=/etc/munge/munge.key
+MUNGE_LOG=/var/log/munge/munged.log
+DB_NAME=slurm_acct_db
+DB_USER=slurm
+DB_PASS=slurmdbpass                          # local test DB, socket-only
+CTLD_PORT=6817
+DBD_PORT=6819
+# Environment marker given to every slurmd we start. slurmd passes its own
+# environment on to the slurmstepd processes it forks, so this is how
+# kill-node/down find the step daemons belonging to one fake node.
+NODE_ENV_MARK=HPC_SLURM_FAKE_NODE
+
+PACKAGES=(slurm-wlm slurmdbd mariadb-server munge)
+REQUIRED_BINS=(slurmctld slurmd slurmdbd sacctmgr sbatch sinfo sacct scontrol
+               mariadbd mariadb mariadb-admin munged munge unmunge)
+
+# --------------------------------------------------------------------------
+# Output helpers
+# --------------------------------------------------------------------------
+say()  { printf '[cluster] %s\n' "$*"; }
+warn() { printf '[cluster] WARNING: %s\n' "$*" >&2; }
+die()  { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# die_log MSG LOGFILE: fail and show the end of the daemon's log.
+die_log() {
+    local msg=$1 log=$2
+    printf '[cluster] ERROR: %s\n' "$msg" >&2
+    if [[ -f $log ]]; then
+        printf '[cluster] ---- last lines of %s ----\n' "$log" >&2
+        tail -n 25 "$log" >&2 || true
+        printf '[cluster] ----\n' >&2
+    else
+        printf '[cluster] (no log file %s)\n' "$log" >&2
+    fi
+    exit 1
+}
+
+usage() {
+    cat <<EOF
+Usage: $(basename "$0") COMMAND
+
+Brings a real single-host Slurm 22.05 test cluster up and down (needs root).
+
+Commands:
+  up                 install packages if missing, start munged, mariadb,
+                     slurmdbd, slurmctld and $NODES slurmd "nodes"; wait until
+                     all nodes answer and accounting (sacct) works.
+                     Idempotent; restarts slurmctld/slurmd if slurm.conf changed.
+  down [--purge]     stop all daemons (SIGTERM, then SIGKILL after a timeout)
+                     and kill job processes left on the fake nodes.
+                     --purge also deletes slurmctld job state, slurmd spool
+                     dirs and the accounting database, so the next 'up'
+                     starts from job id 1 with empty sacct.
+  status             show daemons, sinfo and accounting; exit 1 if unhealthy.
+  env                print shell exports useful for tests.
+  kill-node NODE [--slurmd-only]
+                     simulate a node crash: kill -9 the slurmd of NODE and (by
+                     default) the slurmstepd and job processes running on it.
+                     With --slurmd-only only the daemon dies (jobs keep
+                     running). slurmctld marks the node DOWN and its jobs
+                     NODE_FAIL (or requeues them) after SlurmdTimeout.
+  start-node NODE    (re)start the slurmd of NODE, wait until it answers and
+                     RESUME it if it is still DOWN/DRAINED.
+  -h, --help         this text.
+
+Environment knobs (current value):
+  HPC_SLURM_NODES=$NODES            number of nodes (node1..nodeN)
+  HPC_SLURM_CPUS_PER_NODE=$CPUS_PER_NODE     CPUs declared per node
+  HPC_SLURM_MEM_PER_NODE=$MEM_PER_NODE     RealMemory (MB) declared per node
+  HPC_SLURM_GRACE_TIME=$GRACE_TIME       preemption GraceTime of partition 'low'
+  HPC_SLURM_SLURMD_TIMEOUT=$SLURMD_TIMEOUT   seconds until a dead node is DOWN
+  HPC_SLURM_CLUSTER=$CLUSTER   ClusterName
+  HPC_SLURM_NODE_PORT_BASE=$NODE_PORT_BASE  nodeX's slurmd listens on BASE+X
+  HPC_SLURM_WAIT_TIMEOUT=$WAIT_TIMEOUT      seconds to wait for each daemon
+
+Partitions: low (default, PriorityTier=1, PreemptMode=REQUEUE, GraceTime)
+            high (PriorityTier=10, PreemptMode=OFF); both span all nodes.
+Configs: $ETC_DIR   Logs: $LOG_DIR (munge: $MUNGE_LOG)
+State: $STATE_DIR   Spool: $SPOOL_ROOT/<node>   Pids: $RUN_DIR
+EOF
+}
+
+# --------------------------------------------------------------------------
+# Process helpers. We find daemons by scanning /proc (comm + argv) instead of
+# trusting pid files: this machine is reused across sessions and in CI the
+# previous session's processes are killed while their pid files survive.
+# --------------------------------------------------------------------------
+
+# find_pids COMM [WORDS...]: print pids of live (non-zombie) processes whose
+# comm is COMM and whose argv contains WORDS as consecutive words.
+find_pids() {
+    local comm=$1; shift
+    local want=" $* " d c args st
+    for d in /proc/[0-9]*; do
+        c=$(cat "$d/comm" 2>/dev/null) || continue
+        [[ $c == "$comm" ]] || continue
+        st=$(cut -d' ' -f3 "$d/stat" 2>/dev/null) || continue
+        [[ $st == Z ]] && continue
+        if (($#)); then
+            args=" $(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) "
+            [[ $args == *"$want"* ]] || continue
+        fi
+        echo "${d#/proc/}"
+    done
+}
+
+# pids_with_env VAR=VALUE [COMM]: pids whose environment contains VAR=VALUE.
+pids_with_env() {
+    local kv=$1 comm=${2:-} d
+    for d in /proc/[0-9]*; do
+        if [[ -n $comm ]]; then
+            [[ $(cat "$d/comm" 2>/dev/null) == "$comm" ]] || continue
+        fi
+        tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "$kv" || continue
+        echo "${d#/proc/}"
+    done
+}
+
+is_running() { [[ -n $(find_pids "$@") ]]; }
+
+# stop_pids NAME TIMEOUT PIDS...: SIGTERM, wait up to TIMEOUT s, then SIGKILL.
+stop_pids() {
+    local name=$1 timeout=$2; shift 2
+    local pids=("$@") p alive i
+    ((${#pids[@]})) || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    for ((i = 0; i < timeout * 5; i++)); do
+        alive=()
+        for p in "${pids[@]}"; do
+            [[ -d /proc/$p && $(cut -d' ' -f3 /proc/"$p"/stat 2>/dev/null) != Z ]] && alive+=("$p")
+        done
+        ((${#alive[@]})) || { say "stopped $name"; return 0; }
+        sleep 0.2
+    done
+    warn "$name did not stop within ${timeout}s, sending SIGKILL"
+    kill -KILL "${alive[@]}" 2>/dev/null || true
+    sleep 0.5
+}
+
+# stop_daemon NAME TIMEOUT COMM [WORDS...]
+stop_daemon() {
+    local name=$1 timeout=$2; shift 2
+    local pids
+    mapfile -t pids < <(find_pids "$@")
+    if ((${#pids[@]} == 0)); then
+        say "$name not running"
+        return 0
+    fi
+    stop_pids "$name" "$timeout" "${pids[@]}"
+}
+
+# wait_for DESCRIPTION TIMEOUT LOG CMD...: poll CMD (quietly) until it succeeds.
+wait_for() {
+    local what=$1 timeout=$2 log=$3; shift 3
+    local deadline=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || die_log "timed out after ${timeout}s waiting for $what" "$log"
+        sleep 0.5
+    done
+}
+
+node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "node$i"; done; }
+
+valid_node() {
+    [[ $1 =~ ^node([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= NODES))
+}
+
+# --------------------------------------------------------------------------
+# Preconditions
+# --------------------------------------------------------------------------
+require_root() {
+    ((EUID == 0)) || die "must run as root (daemons, /etc/slurm, cgroups); try: sudo $0 $*"
+}
+
+check_knobs() {
+    [[ $NODES =~ ^[1-9][0-9]*$ ]] || die "HPC_SLURM_NODES must be a positive integer (got '$NODES')"
+    [[ $CPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "HPC_SLURM_CPUS_PER_NODE must be a positive integer"
+    [[ $MEM_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "HPC_SLURM_MEM_PER_NODE must be a positive integer (MB)"
+    [[ $GRACE_TIME =~ ^[0-9]+$ ]] || die "HPC_SLURM_GRACE_TIME must be an integer"
+    [[ $SLURMD_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "HPC_SLURM_SLURMD_TIMEOUT must be a positive integer"
+    [[ $CLUSTER =~ ^[a-z][a-z0-9_]*$ ]] || die "HPC_SLURM_CLUSTER must be lower case (got '$CLUSTER')"
+}
+
+install_packages() {
+    local b missing=()
+    for b in "${REQUIRED_BINS[@]}"; do
+        command -v "$b" >/dev/null 2>&1 || missing+=("$b")
+    done
+    ((${#missing[@]})) || return 0
+    say "installing ${PACKAGES[*]} (missing: ${missing[*]}) ..."
+    local out=/tmp/hpc-cluster-apt.log
+    # No systemd here; Debian's maintainer scripts may try to start the
+    # services through invoke-rc.d. That either is denied by policy-rc.d or
+    # starts them with default config, which `up` then detects as running.
+    if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+            -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+            "${PACKAGES[@]}"; } >"$out" 2>&1; then
+        tail -n 20 "$out" >&2
+        die "package installation failed (full output: $out)"
+    fi
+    for b in "${REQUIRED_BINS[@]}"; do
+        command -v "$b" >/dev/null 2>&1 || die "'$b' still missing after installing ${PACKAGES[*]}"
+    done
+    say "packages installed"
+}
+
+# cgroup v1 is what this machine offers. If the memory/freezer controllers
+# are not mounted we fall back to non-cgroup plugins (no memory enforcement,
+# so no OUT_OF_MEMORY state) instead of failing.
+have_cgroup_v1() {
+    [[ -f /sys/fs/cgroup/memory/memory.limit_in_bytes && -d /sys/fs/cgroup/freezer &&
+        $(stat -fc %T /sys/fs/cgroup 2>/dev/null) != cgroup2fs ]]
+}
+
+# Node names must resolve (torch.distributed uses them as MASTER_ADDR).
+# Append only: /etc/hosts is often a bind mount that cannot be replaced
+# (sed -i would rename over it).
+ensure_hosts() {
+    local n
+    for n in $(node_names); do
+        if ! grep -qE "^[^#]*[[:space:]]$n([[:space:]]|\$)" /etc/hosts; then
+            printf '127.0.0.1\t%s\t# hpc_agent scripts/cluster.sh\n' "$n" >>/etc/hosts
+        fi
+    done
+}
+
+# write_if_changed FILE MODE CONTENT: returns 0 if the file was (re)written.
+write_if_changed() {
+    local file=$1 mode=$2 content=$3
+    if [[ -f $file ]] && [[ "$(cat "$file")" == "$content" ]]; then
+        chmod "$mode" "$file"
+        return 1
+    fi
+    printf '%s\n' "$content" >"$file.tmp.$$"
+    chmod "$mode" "$file.tmp.$$"
+    mv -f "$file.tmp.$$" "$file"
+    return 0
+}
+
+# --------------------------------------------------------------------------
+# munge
+# --------------------------------------------------------------------------
+start_munge() {
+    install -d -o munge -g munge -m 0700 /etc/munge /var/log/munge
+    install -d -o munge -g munge -m 0711 /var/lib/munge
+    install -d -o munge -g munge -m 0755 /run/munge
+    if [[ ! -s $MUNGE_KEY ]]; then
+        say "creating munge key"
+        dd if=/dev/urandom of="$MUNGE_KEY" bs=1 count=1024 status=none
+    fi
+    # munged refuses keys that are readable by others or owned by another user.
+    chown munge:munge "$MUNGE_KEY"
+    chmod 0400 "$MUNGE_KEY"
+    if is_running munged; then
+        say "munged already running"
+    else
+        # --force: a killed munged leaves its socket + lock file behind, and
+        # without --force munged refuses to start next to them.
+        rm -f /run/munge/munged.pid
+        runuser -u munge -- /usr/sbin/munged --force >/dev/null 2>&1 ||
+            die_log "munged failed to start" "$MUNGE_LOG"
+        say "started munged"
+    fi
+    wait_for "munge to answer" "$WAIT_TIMEOUT" "$MUNGE_LOG" \
+        bash -c 'munge -n | unmunge'
+}
+
+# --------------------------------------------------------------------------
+# MariaDB
+# --------------------------------------------------------------------------
+mysql_root() { mariadb --socket="$MYSQL_SOCK" -uroot "$@"; }
+
+start_mariadb() {
+    install -d -o mysql -g mysql -m 0755 "$MYSQL_RUN"
+    install -d -m 0755 "$LOG_DIR"
+    touch "$MYSQL_LOG"
+    chown mysql:mysql "$MYSQL_LOG"
+    if is_running mariadbd || is_running mysqld; then
+        say "mariadb already running"
+    else
+        if [[ ! -d /var/lib/mysql/mysql ]]; then
+            say "initialising mariadb data dir"
+            mariadb-install-db --user=mysql --datadir=/var/lib/mysql >>"$MYSQL_LOG" 2>&1 ||
+                die_log "mariadb-install-db failed" "$MYSQL_LOG"
+        fi
+        # A killed mariadbd leaves its pid file; the socket lock file it
+        # handles itself. We start mariadbd directly (no mysqld_safe, no
+        # init script) and detach it with setsid so it survives this shell.
+        # skip-networking: slurmdbd talks over the unix socket, so no TCP
+        # port 3306 that could clash with anything else on the machine.
+        rm -f "$MYSQL_RUN/mysqld.pid"
+        setsid /usr/sbin/mariadbd --user=mysql --datadir=/var/lib/mysql \
+            --socket="$MYSQL_SOCK" --pid-file="$MYSQL_RUN/mysqld.pid" \
+            --skip-networking --log-error="$MYSQL_LOG" \
+            --innodb-lock-wait-timeout=900 --innodb-buffer-pool-size=128M \
+            </dev/null >>"$MYSQL_LOG" 2>&1 &
+        say "started mariadb"
+    fi
+    wait_for "mariadb to accept connections" "$WAIT_TIMEOUT" "$MYSQL_LOG" \
+        mariadb-admin --socket="$MYSQL_SOCK" -uroot ping
+    # Idempotent DB/user creation. root logs in through unix_socket auth
+    # (Debian default), slurmdbd through a password over the socket.
+    mysql_root <<SQL || die_log "creating accounting database failed" "$MYSQL_LOG"
+CREATE DATABASE IF NOT EXISTS $DB_NAME;
+CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+ALTER USER '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+GRANT ALL PRIVILEGES ON $DB_NAME.* TO '$DB_USER'@'localhost';
+FLUSH PRIVILEGES;
+SQL
+}
+
+# --------------------------------------------------------------------------
+# Config files
+# --------------------------------------------------------------------------
+dbd_conf() {
+    cat <<EOF
+# Generated by scripts/cluster.sh -- edits will be overwritten.
+AuthType=auth/munge
+# slurmdbd insists that DbdHost is its own hostname or "localhost".
+DbdHost=localhost
+DbdPort=$DBD_PORT
+# Everything runs as root on this test box: no chown dance for state/logs.
+SlurmUser=root
+DebugLevel=info
+LogFile=$LOG_DIR/slurmdbd.log
+PidFile=$RUN_DIR/slurmdbd.pid
+StorageType=accounting_storage/mysql
+# "localhost" makes the MariaDB client library use the unix socket.
+StorageHost=localhost
+StorageUser=$DB_USER
+StoragePass=$DB_PASS
+StorageLoc=$DB_NAME
+EOF
+}
+
+slurm_conf() {
+    local host i cg_lines
+    host=$(hostname -s)
+    if have_cgroup_v1; then
+        cg_lines="# cgroup v1: proctrack/cgroup (freezer) reliably finds and kills every
+# process of a job; task/cgroup with ConstrainRAMSpace (cgroup.conf) enforces
+# --mem, and the memory controller's OOM events give state OUT_OF_MEMORY.
+# No task/affinity: the fake nodes share the host's real cores and may
+# declare more CPUs than exist, so CPU binding would fail or be misleading.
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
+JobAcctGatherType=jobacct_gather/cgroup"
+    else
+        cg_lines="# cgroup v1 memory/freezer controllers not found: no cgroup plugins,
+# hence no memory enforcement / OUT_OF_MEMORY on this machine.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/linux"
+    fi
+    cat <<EOF
+# Generated by scripts/cluster.sh -- edits will be overwritten.
+ClusterName=$CLUSTER
+# slurmctld only starts where gethostname() matches SlurmctldHost; the
+# address in parentheses avoids depending on name resolution.
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+SwitchType=switch/none
+SlurmctldPort=$CTLD_PORT
+
+StateSaveLocation=$STATE_DIR
+SlurmctldPidFile=$RUN_DIR/slurmctld.pid
+SlurmctldLogFile=$LOG_DIR/slurmctld.log
+SlurmctldDebug=info
+# Several slurmd on one host: Debian builds Slurm with multiple-slurmd
+# support, and %n (the name given with 'slurmd -N') keeps the spool dir,
+# pid file and log of each fake node apart. Each node also needs its own
+# Port (see the NodeName lines).
+SlurmdSpoolDir=$SPOOL_ROOT/%n
+SlurmdPidFile=$RUN_DIR/slurmd-%n.pid
+SlurmdLogFile=$LOG_DIR/slurmd-%n.log
+SlurmdDebug=info
+# Trust the CPUs/RealMemory written below instead of what slurmd detects:
+# the fake nodes split (and over-commit) this host's real resources.
+SlurmdParameters=config_overrides
+
+$cg_lines
+
+# Cores and memory are consumable, so jobs share nodes and --mem counts.
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+# Without a default a job lacking --mem would claim the whole node's memory.
+DefMemPerCPU=$((MEM_PER_NODE / CPUS_PER_NODE))
+
+# Scheduling: snappy for tests (main loop and backfill every few seconds).
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=3,bf_interval=3
+PriorityType=priority/basic
+
+# Preemption by partition PriorityTier: a pending job in 'high' requeues
+# jobs of 'low'. On preemption the tasks get SIGCONT+SIGTERM at once and
+# the job is killed (SIGTERM, KillWait, SIGKILL) after the partition's
+# GraceTime. A requeued job gets BeginTime = now + ~120 s.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+JobRequeue=1
+
+# Fail fast, recover automatically:
+# - a slurmd silent for SlurmdTimeout seconds -> node DOWN, its jobs
+#   NODE_FAIL (or requeued if requeue-able);
+# - ReturnToService=2: a DOWN node that registers again is usable again.
+SlurmdTimeout=$SLURMD_TIMEOUT
+SlurmctldTimeout=30
+ReturnToService=2
+InactiveLimit=0
+KillWait=30
+MinJobAge=300
+WaitTime=0
+
+# Accounting through slurmdbd (sacct, every requeue attempt with sacct -D).
+# AccountingStorageEnforce is left unset so root can submit without any
+# association set up.
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+JobCompType=jobcomp/none
+JobAcctGatherFrequency=30
+
+# Fake nodes: all on 127.0.0.1, each slurmd on its own port.
+EOF
+    for ((i = 1; i <= NODES; i++)); do
+        echo "NodeName=node$i NodeAddr=127.0.0.1 NodeHostname=$host Port=$((NODE_PORT_BASE + i)) CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE State=UNKNOWN"
+    done
+    cat <<EOF
+
+PartitionName=low Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_TIME MaxTime=INFINITE State=UP
+PartitionName=high Nodes=ALL Default=NO PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+EOF
+}
+
+cgroup_conf() {
+    cat <<EOF
+# Generated by scripts/cluster.sh -- edits will be overwritten.
+# Force v1: this host mounts v1 controllers plus an empty v2 'unified' tree,
+# which autodetection must not be allowed to pick.
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+# Enforce --mem: exceeding it triggers the cgroup OOM killer and the job
+# ends as OUT_OF_MEMORY. No swap on this host, so no swap constraint.
+ConstrainRAMSpace=yes
+AllowedRAMSpace=100
+ConstrainSwapSpace=no
+# Fake nodes share the real cores: no cpuset confinement.
+ConstrainCores=no
+ConstrainDevices=no
+EOF
+}
+
+# --------------------------------------------------------------------------
+# slurmdbd / slurmctld / slurmd
+# --------------------------------------------------------------------------
+start_slurmdbd() {
+    local log=$LOG_DIR/slurmdbd.log
+    if write_if_changed "$DBD_CONF_FILE" 600 "$(dbd_conf)" && is_running slurmdbd; then
+        say "slurmdbd.conf changed, restarting slurmdbd"
+        stop_daemon slurmdbd 15 slurmdbd
+    fi
+    if is_running slurmdbd; then
+        say "slurmdbd already running"
+    else
+        # Stale pid files are dangerous: Slurm daemons SIGTERM whatever pid
+        # their old pid file names, which may be an unrelated process now.
+        rm -f "$RUN_DIR/slurmdbd.pid"
+        slurmdbd >>"$log" 2>&1 || die_log "slurmdbd failed to start" "$log"
+        say "started slurmdbd"
+    fi
+    # The first start creates all tables, which takes a few seconds.
+    wait_for "slurmdbd to answer" "$WAIT_TIMEOUT" "$log" sacctmgr -n list cluster
+    if [[ -z $(sacctmgr -n -P list cluster format=cluster where cluster="$CLUSTER" 2>/dev/null) ]]; then
+        sacctmgr -i add cluster "$CLUSTER" >/dev/null ||
+            die_log "sacctmgr add cluster $CLUSTER failed" "$log"
+        say "registered cluster $CLUSTER in accounting"
+    fi
+}
+
+start_slurmctld() {
+    local log=$LOG_DIR/slurmctld.log
+    if is_running slurmctld; then
+        say "slurmctld already running"
+    else
+        rm -f "$RUN_DIR/slurmctld.pid"
+        slurmctld >>"$log" 2>&1 || die_log "slurmctld failed to start" "$log"
+        say "started slurmctld"
+    fi
+    local deadline=$((SECONDS + WAIT_TIMEOUT))
+    until scontrol ping 2>/dev/null | grep -q 'is UP'; do
+        is_running slurmctld || die_log "slurmctld died during start-up" "$log"
+        ((SECONDS < deadline)) || die_log "slurmctld did not answer within ${WAIT_TIMEOUT}s" "$log"
+        sleep 0.5
+    done
+}
+
+# start_slurmd NODE: start one fake node's slurmd if not running.
+start_slurmd() {
+    local n=$1 log=$LOG_DIR/slurmd-$1.log
+    if is_running slurmd -N "$n"; then
+        say "slurmd $n already running"
+        return 0
+    fi
+    install -d -m 0755 "$SPOOL_ROOT/$n"
+    rm -f "$RUN_DIR/slurmd-$n.pid"
+    env "$NODE_ENV_MARK=$n" slurmd -N "$n" >>"$log" 2>&1 ||
+        die_log "slurmd $n failed to start" "$log"
+    say "started slurmd $n"
+}
+
+# node_state NODE: compact state from sinfo ("idle", "down*", "drained"...).
+node_state() { sinfo -h -n "$1" -N -o '%T' 2>/dev/null | head -n1; }
+
+node_ok_state() {
+    # '*' = not responding; anything down/drain/fail/unknown is not usable.
+    case $1 in
+        "" | *'*' | *down* | *drain* | *fail* | *unk* | *not_responding* | *future* | *inval*) return 1 ;;
+        *) return 0 ;;
+    esac
+}
+
+# wait_nodes NODE...: wait until all NODEs are usable; RESUME nodes that
+# registered but stay DOWN/DRAINED (e.g. reason left over in saved state).
+wait_nodes() {
+    local deadline=$((SECONDS + WAIT_TIMEOUT)) n st pending resumed=" "
+    while :; do
+        pending=()
+        for n in "$@"; do
+            is_running slurmd -N "$n" || die_log "slurmd $n died" "$LOG_DIR/slurmd-$n.log"
+            st=$(node_state "$n")
+            node_ok_state "$st" && continue
+            pending+=("$n:$st")
+            # Responding (no '*') but down/drained: needs an explicit RESUME.
+            if [[ -n $st && $st != *'*' && $resumed != *" $n "* ]] &&
+                [[ $st == *down* || $st == *drain* || $st == *fail* ]]; then
+                scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
+                resumed+="$n "
+                say "resumed $n (was $st)"
+            fi
+        done
+        ((${#pending[@]})) || return 0
+        if ((SECONDS >= deadline)); then
+            sinfo -N -l >&2 || true
+            die_log "nodes not ready after ${WAIT_TIMEOUT}s: ${pending[*]}" "$LOG_DIR/slurmd-${pending[0]%%:*}.log"
+        fi
+        sleep 0.5
+    done
+}
+
+# Kill every process left by jobs on node N: its slurmstepd daemons
+# (marked through the environment) and everything in its job cgroups.
+kill_node_jobs() {
+    local n=$1 pids=() f
+    mapfile -t pids < <(pids_with_env "$NODE_ENV_MARK=$n" slurmstepd)
+    if [[ -d /sys/fs/cgroup/freezer/slurm_$n ]]; then
+        while IFS= read -r f; do
+            mapfile -t -O "${#pids[@]}" pids <"$f"
+        done < <(find "/sys/fs/cgroup/freezer/slurm_$n" -name cgroup.procs 2>/dev/null)
+    fi
+    ((${#pids[@]})) || return 0
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+    say "killed ${#pids[@]} job/step process(es) on $n"
+}
+
+# --------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------
+cmd_up() {
+    local t0=$SECONDS restart_slurm=0
+    require_root "$@"
+    check_knobs
+    install_packages
+    install -d -m 0755 "$ETC_DIR" "$LOG_DIR" "$STATE_DIR" "$SPOOL_ROOT" "$RUN_DIR"
+    ensure_hosts
+    have_cgroup_v1 || warn "cgroup v1 memory/freezer not mounted: no memory enforcement (OUT_OF_MEMORY untestable)"
+
+    start_munge
+    start_mariadb
+    start_slurmdbd
+
+    # Rewrite slurm.conf/cgroup.conf; if they changed while slurmctld runs
+    # (e.g. different HPC_SLURM_NODES), restart controller and nodes:
+    # 'scontrol reconfigure' cannot add/remove nodes in 22.05.
+    write_if_changed "$SLURM_CONF_FILE" 644 "$(slurm_conf)" && restart_slurm=1
+    write_if_changed "$CGROUP_CONF_FILE" 644 "$(cgroup_conf)" && restart_slurm=1
+    if ((restart_slurm)) && is_running slurmctld; then
+        say "slurm.conf/cgroup.conf changed, restarting slurmctld and slurmd"
+        stop_slurmds
+        stop_daemon slurmctld 20 slurmctld
+    fi
+
+    start_slurmctld
+    local n
+    for n in $(node_names); do start_slurmd "$n"; done
+    # shellcheck disable=SC2046
+    wait_nodes $(node_names)
+    wait_for "sacct to answer" "$WAIT_TIMEOUT" "$LOG_DIR/slurmdbd.log" sacct -n -X -S now-1minutes
+    say "cluster up in $((SECONDS - t0))s: nodes $(node_names | paste -sd, -), partitions low (default, preemptable) / high"
+}
+
+stop_slurmds() {
+    local pids
+    # Every slurmd started with -N (i.e. ours), also nodes beyond HPC_SLURM_NODES.
+    mapfile -t pids < <(find_pids slurmd -N)
+    if ((${#pids[@]})); then
+        stop_pids "slurmd (${#pids[@]})" 15 "${pids[@]}"
+    else
+        say "slurmd not running"
+    fi
+}
+
+cmd_down() {
+    local purge=0 a
+    for a in "$@"; do
+        case $a in
+            --purge) purge=1 ;;
+            *) die "unknown option for down: $a" ;;
+        esac
+    done
+    require_root
+    stop_slurmds
+    # slurmstepd and job processes survive a stopped slurmd; a real node
+    # going down would take them along, so do the same.
+    local d n
+    for d in /sys/fs/cgroup/freezer/slurm_node*; do
+        [[ -d $d ]] && kill_node_jobs "${d##*/slurm_}"
+    done
+    for n in $(node_names); do kill_node_jobs "$n"; done
+    stop_daemon slurmctld 20 slurmctld
+    stop_daemon slurmdbd 20 slurmdbd
+    if ((purge)); then
+        # Drop the accounting DB too: with job ids restarting at 1, old
+        # records would otherwise show up in sacct for new jobs.
+        if ! is_running mariadbd && [[ -x /usr/sbin/mariadbd ]]; then
+            start_mariadb >/dev/null
+        fi
+        if is_running mariadbd; then
+            mysql_root -e "DROP DATABASE IF EXISTS $DB_NAME" && say "dropped accounting database $DB_NAME"
+        fi
+    fi
+    stop_daemon mariadb 60 mariadbd
+    stop_daemon munged 15 munged
+    rm -f "$RUN_DIR"/*.pid "$MYSQL_RUN/mysqld.pid"
+    if ((purge)); then
+        rm -rf "${STATE_DIR:?}"/* "${SPOOL_ROOT:?}"/node*
+        say "purged $STATE_DIR and $SPOOL_ROOT/node*"
+    fi
+    say "cluster down"
+}
+
+cmd_status() {
+    local rc=0 n p
+    printf '%-16s %s\n' DAEMON PID
+    for p in munged mariadbd slurmdbd slurmctld; do
+        local pids
+        pids=$(find_pids "$p" | paste -sd, -)
+        printf '%-16s %s\n' "$p" "${pids:-NOT RUNNING}"
+        [[ -n $pids ]] || rc=1
+    done
+    for n in $(node_names); do
+        local pids
+        pids=$(find_pids slurmd -N "$n" | paste -sd, -)
+        printf '%-16s %s\n' "slurmd $n" "${pids:-NOT RUNNING}"
+        [[ -n $pids ]] || rc=1
+    done
+    echo
+    if scontrol ping 2>/dev/null | grep -q 'is UP'; then
+        sinfo -N -o '%N %P %T %C %m' || rc=1
+        for n in $(node_names); do
+            node_ok_state "$(node_state "$n")" || { echo "node $n not usable"; rc=1; }
+        done
+    else
+        echo "slurmctld does not answer"
+        rc=1
+    fi
+    echo
+    if sacct -n -X -S now-1minutes >/dev/null 2>&1; then
+        echo "accounting: OK (sacct answers)"
+    else
+        echo "accounting: NOT answering"
+        rc=1
+    fi
+    echo
+    if ((rc == 0)); then echo "cluster: HEALTHY"; else echo "cluster: NOT HEALTHY"; fi
+    return "$rc"
+}
+
+cmd_env() {
+    cat <<EOF
+export SLURM_CONF=$SLURM_CONF_FILE
+export HPC_SLURM_NODES=$NODES
+export HPC_SLURM_NODELIST=$(node_names | paste -sd, -)
+export HPC_SLURM_PARTITION_LOW=low
+export HPC_SLURM_PARTITION_HIGH=high
+EOF
+}
+
+cmd_kill_node() {
+    local n=${1:-} only=0
+    [[ ${2:-} == --slurmd-only ]] && only=1
+    require_root
+    [[ -n $n ]] || die "usage: kill-node NODE [--slurmd-only]"
+    valid_node "$n" || die "unknown node '$n' (nodes: $(node_names | paste -sd' ' -))"
+    local pids
+    mapfile -t pids < <(find_pids slurmd -N "$n")
+    if ((${#pids[@]})); then
+        kill -KILL "${pids[@]}"
+        say "killed slurmd $n (pid ${pids[*]})"
+    else
+        say "slurmd $n not running"
+    fi
+    ((only)) || kill_node_jobs "$n"
+}
+
+cmd_start_node() {
+    local n=${1:-}
+    require_root
+    [[ -n $n ]] || die "usage: start-node NODE"
+    valid_node "$n" || die "unknown node '$n' (nodes: $(node_names | paste -sd' ' -))"
+    start_slurmd "$n"
+    wait_nodes "$n"
+    say "$n is $(node_state "$n")"
+}
+
+main() {
+    local cmd=${1:-}
+    shift || true
+    case $cmd in
+        up) cmd_up "$@" ;;
+        down) cmd_down "$@" ;;
+        status) cmd_status "$@" ;;
+        env) cmd_env ;;
+        kill-node) cmd_kill_node "$@" ;;
+        start-node) cmd_start_node "$@" ;;
+        -h | --help | help) usage ;;
+        "") usage >&2; exit 2 ;;
+        *) printf 'unknown command: %s\n\n' "$cmd" >&2; usage >&2; exit 2 ;;
+    esac
+}
+
+main "$@"
