@@ -125,8 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hpc_agent.job import TrainingJob
     from hpc_agent.ledger import Ledger
 
+    run_dir.mkdir(parents=True)
     try:
-        executor = make_executor(kind, folder, cfg, run_id, run_dir, config_path)  # creates run_dir/slurm
+        executor = make_executor(kind, folder, cfg, run_id, run_dir, config_path)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_CONFIG

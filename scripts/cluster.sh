@@ -623,15 +623,17 @@ cmd_up() {
     ensure_hosts
     have_cgroup_v1 || warn "cgroup v1 memory/freezer not mounted: no memory enforcement (OUT_OF_MEMORY untestable)"
 
+    # slurm.conf first: even sacctmgr (used to wait for slurmdbd) reads it.
+    # If it changed while slurmctld runs (e.g. different HPC_SLURM_NODES),
+    # restart controller and nodes below: 'scontrol reconfigure' cannot
+    # add/remove nodes in 22.05.
+    write_if_changed "$SLURM_CONF_FILE" 644 "$(slurm_conf)" && restart_slurm=1
+    write_if_changed "$CGROUP_CONF_FILE" 644 "$(cgroup_conf)" && restart_slurm=1
+
     start_munge
     start_mariadb
     start_slurmdbd
 
-    # Rewrite slurm.conf/cgroup.conf; if they changed while slurmctld runs
-    # (e.g. different HPC_SLURM_NODES), restart controller and nodes:
-    # 'scontrol reconfigure' cannot add/remove nodes in 22.05.
-    write_if_changed "$SLURM_CONF_FILE" 644 "$(slurm_conf)" && restart_slurm=1
-    write_if_changed "$CGROUP_CONF_FILE" 644 "$(cgroup_conf)" && restart_slurm=1
     if ((restart_slurm)) && is_running slurmctld; then
         say "slurm.conf/cgroup.conf changed, restarting slurmctld and slurmd"
         stop_slurmds

@@ -130,9 +130,9 @@ class SlurmConfig:
     """Name of the file in ``sbatch_templates/`` (without ``.yaml``) that supplies the environment setup
     lines and srun options of the job script."""
 
-    extra_sbatch: Dict[str, str] = field(default_factory=dict)
+    extra_sbatch: Dict[str, Optional[str]] = field(default_factory=dict)
     """Further sbatch options as ``{option: value}``, e.g. ``{mail-type: END}``. An empty value makes a
-    bare flag (``--option``)."""
+    bare flag (``--option``), as does null."""
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []

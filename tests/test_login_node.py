@@ -1,0 +1,28 @@
+"""Login-node commands must not import torch or deepspeed (importing torch alone takes seconds)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import run_cli
+
+HEAVY = re.compile(r"\|\s+(torch|deepspeed)(\.|\s*$)")
+
+
+def imported_modules(importtime_stderr: str) -> list[str]:
+    return [line.split("|")[-1].strip() for line in importtime_stderr.splitlines() if line.startswith("import time:")]
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "hpc_agent.submit", "quickstart", "--dry-run", "--executor", "slurm"],
+    ["-m", "hpc_agent.submit", "quickstart", "--dry-run", "--executor", "local"],
+    ["-m", "hpc_agent", "--help"],
+])
+def test_cli_imports_neither_torch_nor_deepspeed(argv, tmp_path):
+    proc = run_cli("-X", "importtime", *argv, f"run.runs_root={tmp_path}" if "submit" in argv[1] else "--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = imported_modules(proc.stderr)
+    assert "hpc_agent" in modules  # the importtime output was really read
+    heavy = [m for m in modules if m.split(".")[0] in ("torch", "deepspeed")]
+    assert heavy == [], f"login-node command imported {heavy[:5]}"

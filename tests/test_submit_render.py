@@ -1,0 +1,84 @@
+"""The rendered job script (golden file) and --dry-run. Pure rendering: no sbatch is run."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hpc_agent.config.load import load_config
+from hpc_agent.launcher import (job_name_for, render_job_script, run_id_from_job_name, slurm_parameters,
+                                slurm_time_to_minutes, load_template)
+from tests.conftest import run_cli
+
+GOLDEN = Path(__file__).parent / "golden" / "quickstart.sbatch"
+RUN_DIR = Path("/runs/quickstart-20260101-000000")
+
+
+def _render() -> str:
+    cfg = load_config("quickstart", ["slurm.partition=low", "slurm.exclude=node3"], env={})
+    return render_job_script(cfg, RUN_DIR.name, RUN_DIR, RUN_DIR / "config.yaml", python="/usr/bin/python3")
+
+
+def test_rendered_script_matches_golden_file():
+    text = _render()
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "job script changed; review and rerun with UPDATE_GOLDEN=1"
+
+
+def test_script_carries_requeue_append_signal_and_run_id():
+    lines = _render().splitlines()
+    assert "#SBATCH --requeue" in lines
+    assert "#SBATCH --open-mode=append" in lines
+    assert "#SBATCH --signal=USR2@120" in lines
+    assert f"#SBATCH --job-name={job_name_for(RUN_DIR.name)}" in lines
+    assert any(line.startswith("srun ") and "--kill-on-bad-exit=1" in line for line in lines)
+
+
+def test_job_name_round_trips_run_id():
+    assert run_id_from_job_name(job_name_for("demo-20260101-000000")) == "demo-20260101-000000"
+    assert run_id_from_job_name("someone-elses-job") is None
+
+
+def test_requeue_off_and_extra_options():
+    cfg = load_config("quickstart", ["slurm.requeue=false", "slurm.extra_sbatch.mail-type=END",
+                                     "slurm.extra_sbatch.exclusive="], env={})
+    params = slurm_parameters(cfg, "r", RUN_DIR, RUN_DIR / "c.yaml", load_template("default"))
+    extra = params["additional_parameters"]
+    assert extra["no-requeue"] is True and "requeue" not in extra
+    assert extra["mail-type"] == "END" and extra["exclusive"] is True
+
+
+def test_template_values_are_shell_quoted():
+    run_dir = Path("/runs/with space")
+    cfg = load_config("quickstart", [], env={})
+    params = slurm_parameters(cfg, "r", run_dir, run_dir / "config.yaml", load_template("default"))
+    assert "export HPC_AGENT_RUN_DIR='/runs/with space'" in params["setup"]
+
+
+@pytest.mark.parametrize("value, minutes", [("30", 30), ("1:30", 2), ("01:00:00", 60), ("2-00", 2880),
+                                            ("1-12:30", 2190), ("0-00:00:59", 1), ("10:00:01", 601)])
+def test_slurm_time_to_minutes(value, minutes):
+    assert slurm_time_to_minutes(value) == minutes
+
+
+def test_dry_run_prints_config_and_script_and_creates_nothing(tmp_path):
+    proc = run_cli("-m", "hpc_agent.submit", "quickstart", "--dry-run", "--executor", "slurm",
+                   f"run.runs_root={tmp_path / 'runs'}")
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("# Resolved config", "#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=USR2@120",
+                   "max_steps: 10"):
+        assert needle in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_submit_with_three_mistakes_exits_2_naming_all(tmp_path):
+    proc = run_cli("-m", "hpc_agent.submit", "quickstart", "train.zero_stage=7", "slurm.nodes=0",
+                   "slurm.partition=low;rm -rf /", f"run.runs_root={tmp_path}")
+    assert proc.returncode == 2
+    for key in ("train.zero_stage", "slurm.nodes", "slurm.partition"):
+        assert key in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "3 problems" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
