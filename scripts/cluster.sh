@@ -24,6 +24,7 @@ CPUS_PER_NODE=${HPC_SLURM_CPUS_PER_NODE:-2}   # CPUs each node declares
 MEM_PER_NODE=${HPC_SLURM_MEM_PER_NODE:-6000}  # MB each node declares
 GRACE_TIME=${HPC_SLURM_GRACE_TIME:-30}        # preemption grace (s), partition low
 SLURMD_TIMEOUT=${HPC_SLURM_SLURMD_TIMEOUT:-20} # s until a silent node is DOWN
+KILL_WAIT=${HPC_SLURM_KILL_WAIT:-30}          # s between SIGTERM and SIGKILL
 CLUSTER=${HPC_SLURM_CLUSTER:-localhpc}        # ClusterName (lower case!)
 NODE_PORT_BASE=${HPC_SLURM_NODE_PORT_BASE:-6830} # nodeX listens on BASE+X
 WAIT_TIMEOUT=${HPC_SLURM_WAIT_TIMEOUT:-60}    # s to wait for each daemon
@@ -50,10 +51,6 @@ DB_USER=slurm
 DB_PASS=slurmdbpass                          # local test DB, socket-only
 CTLD_PORT=6817
 DBD_PORT=6819
-# Environment marker given to every slurmd we start. slurmd passes its own
-# environment on to the slurmstepd processes it forks, so this is how
-# kill-node/down find the step daemons belonging to one fake node.
-NODE_ENV_MARK=HPC_SLURM_FAKE_NODE
 
 PACKAGES=(slurm-wlm slurmdbd mariadb-server munge)
 REQUIRED_BINS=(slurmctld slurmd slurmdbd sacctmgr sbatch sinfo sacct scontrol
@@ -114,6 +111,7 @@ Environment knobs (current value):
   HPC_SLURM_MEM_PER_NODE=$MEM_PER_NODE     RealMemory (MB) declared per node
   HPC_SLURM_GRACE_TIME=$GRACE_TIME       preemption GraceTime of partition 'low'
   HPC_SLURM_SLURMD_TIMEOUT=$SLURMD_TIMEOUT   seconds until a dead node is DOWN
+  HPC_SLURM_KILL_WAIT=$KILL_WAIT        KillWait: SIGTERM -> SIGKILL delay (s)
   HPC_SLURM_CLUSTER=$CLUSTER   ClusterName
   HPC_SLURM_NODE_PORT_BASE=$NODE_PORT_BASE  nodeX's slurmd listens on BASE+X
   HPC_SLURM_WAIT_TIMEOUT=$WAIT_TIMEOUT      seconds to wait for each daemon
@@ -145,18 +143,6 @@ find_pids() {
             args=" $(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) "
             [[ $args == *"$want"* ]] || continue
         fi
-        echo "${d#/proc/}"
-    done
-}
-
-# pids_with_env VAR=VALUE [COMM]: pids whose environment contains VAR=VALUE.
-pids_with_env() {
-    local kv=$1 comm=${2:-} d
-    for d in /proc/[0-9]*; do
-        if [[ -n $comm ]]; then
-            [[ $(cat "$d/comm" 2>/dev/null) == "$comm" ]] || continue
-        fi
-        tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "$kv" || continue
         echo "${d#/proc/}"
     done
 }
@@ -213,8 +199,9 @@ valid_node() {
 # --------------------------------------------------------------------------
 # Preconditions
 # --------------------------------------------------------------------------
+CMD=
 require_root() {
-    ((EUID == 0)) || die "must run as root (daemons, /etc/slurm, cgroups); try: sudo $0 $*"
+    ((EUID == 0)) || die "must run as root (daemons, /etc/slurm, cgroups); try: sudo $0 ${CMD:-up}"
 }
 
 check_knobs() {
@@ -223,6 +210,7 @@ check_knobs() {
     [[ $MEM_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "HPC_SLURM_MEM_PER_NODE must be a positive integer (MB)"
     [[ $GRACE_TIME =~ ^[0-9]+$ ]] || die "HPC_SLURM_GRACE_TIME must be an integer"
     [[ $SLURMD_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "HPC_SLURM_SLURMD_TIMEOUT must be a positive integer"
+    [[ $KILL_WAIT =~ ^[0-9]+$ ]] || die "HPC_SLURM_KILL_WAIT must be an integer"
     [[ $CLUSTER =~ ^[a-z][a-z0-9_]*$ ]] || die "HPC_SLURM_CLUSTER must be lower case (got '$CLUSTER')"
 }
 
@@ -302,7 +290,7 @@ start_munge() {
         # --force: a killed munged leaves its socket + lock file behind, and
         # without --force munged refuses to start next to them.
         rm -f /run/munge/munged.pid
-        runuser -u munge -- /usr/sbin/munged --force >/dev/null 2>&1 ||
+        runuser -u munge -- /usr/sbin/munged --force >/dev/null 2>&1 9>&- ||
             die_log "munged failed to start" "$MUNGE_LOG"
         say "started munged"
     fi
@@ -338,7 +326,7 @@ start_mariadb() {
             --socket="$MYSQL_SOCK" --pid-file="$MYSQL_RUN/mysqld.pid" \
             --skip-networking --log-error="$MYSQL_LOG" \
             --innodb-lock-wait-timeout=900 --innodb-buffer-pool-size=128M \
-            </dev/null >>"$MYSQL_LOG" 2>&1 &
+            </dev/null >>"$MYSQL_LOG" 2>&1 9>&- &
         say "started mariadb"
     fi
     wait_for "mariadb to accept connections" "$WAIT_TIMEOUT" "$MYSQL_LOG" \
@@ -409,6 +397,8 @@ AuthType=auth/munge
 CredType=cred/munge
 MpiDefault=none
 SwitchType=switch/none
+# No mail on this box; the default /usr/bin/mail does not exist.
+MailProg=/bin/true
 SlurmctldPort=$CTLD_PORT
 
 StateSaveLocation=$STATE_DIR
@@ -447,6 +437,11 @@ PriorityType=priority/basic
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 JobRequeue=1
+# The immediate SIGTERM goes to step tasks (srun) only, never to the batch
+# shell. With this flag a job submitted with --signal=[B:]SIG@SECS gets SIG
+# at preemption time instead (B: = to the batch shell only), so a batch
+# script without srun steps can be notified too.
+SlurmctldParameters=preempt_send_user_signal
 
 # Fail fast, recover automatically:
 # - a slurmd silent for SlurmdTimeout seconds -> node DOWN, its jobs
@@ -456,7 +451,7 @@ SlurmdTimeout=$SLURMD_TIMEOUT
 SlurmctldTimeout=30
 ReturnToService=2
 InactiveLimit=0
-KillWait=30
+KillWait=$KILL_WAIT
 MinJobAge=300
 WaitTime=0
 
@@ -514,7 +509,7 @@ start_slurmdbd() {
         # Stale pid files are dangerous: Slurm daemons SIGTERM whatever pid
         # their old pid file names, which may be an unrelated process now.
         rm -f "$RUN_DIR/slurmdbd.pid"
-        slurmdbd >>"$log" 2>&1 || die_log "slurmdbd failed to start" "$log"
+        slurmdbd >>"$log" 2>&1 9>&- || die_log "slurmdbd failed to start" "$log"
         say "started slurmdbd"
     fi
     # The first start creates all tables, which takes a few seconds.
@@ -526,13 +521,15 @@ start_slurmdbd() {
     fi
 }
 
+CTLD_STARTED_AT=  # epoch seconds, set when this invocation started slurmctld
 start_slurmctld() {
     local log=$LOG_DIR/slurmctld.log
     if is_running slurmctld; then
         say "slurmctld already running"
     else
         rm -f "$RUN_DIR/slurmctld.pid"
-        slurmctld >>"$log" 2>&1 || die_log "slurmctld failed to start" "$log"
+        CTLD_STARTED_AT=$(date +%s)
+        slurmctld >>"$log" 2>&1 9>&- || die_log "slurmctld failed to start" "$log"
         say "started slurmctld"
     fi
     local deadline=$((SECONDS + WAIT_TIMEOUT))
@@ -552,7 +549,7 @@ start_slurmd() {
     fi
     install -d -m 0755 "$SPOOL_ROOT/$n"
     rm -f "$RUN_DIR/slurmd-$n.pid"
-    env "$NODE_ENV_MARK=$n" slurmd -N "$n" >>"$log" 2>&1 ||
+    slurmd -N "$n" >>"$log" 2>&1 9>&- ||
         die_log "slurmd $n failed to start" "$log"
     say "started slurmd $n"
 }
@@ -596,16 +593,62 @@ wait_nodes() {
     done
 }
 
-# Kill every process left by jobs on node N: its slurmstepd daemons
-# (marked through the environment) and everything in its job cgroups.
-kill_node_jobs() {
-    local n=$1 pids=() f
-    mapfile -t pids < <(pids_with_env "$NODE_ENV_MARK=$n" slurmstepd)
+# job_has_live_step ID: does any slurmstepd of job ID still exist? Every
+# step daemon listens on $SPOOL_ROOT/<node>/<node>_<job>.<step>.
+job_has_live_step() {
+    awk -v pre="$SPOOL_ROOT/" -v id="$1" '
+        index($8, pre) == 1 { n = split($8, p, "/"); f = p[n]; sub(/^[^_]*_/, "", f)
+                              if (f ~ ("^" id "\\.")) found = 1 }
+        END { exit !found }' /proc/net/unix
+}
+
+# reap_ghost_jobs: after slurmctld was (re)started by this 'up', cancel jobs
+# it recovered as RUNNING whose processes are gone. This happens when the
+# previous session was killed (CI): the saved state still says RUNNING and
+# 22.05 only purges such jobs at some later node registration, so they would
+# hold the nodes for minutes. (Caveat: an salloc allocation without any
+# step, started before the restart, looks the same and is cancelled too.)
+reap_ghost_jobs() {
+    [[ -n $CTLD_STARTED_AT ]] || return 0
+    local id start ghosts=()
+    while read -r id start; do
+        [[ $id =~ ^[0-9]+$ ]] || continue
+        [[ $(date -d "$start" +%s 2>/dev/null || echo 0) -lt $CTLD_STARTED_AT ]] || continue
+        job_has_live_step "$id" || ghosts+=("$id")
+    done < <(squeue -h -t RUNNING,SUSPENDED -o '%A %S' 2>/dev/null)
+    ((${#ghosts[@]})) || return 0
+    scancel "${ghosts[@]}" 2>/dev/null || true
+    say "cancelled job(s) left RUNNING by a killed previous session: ${ghosts[*]}"
+}
+
+# node_job_pids N: slurmstepd and job processes of fake node N.
+# - proctrack/cgroup puts each slurmstepd and all its tasks into the
+#   freezer cgroup slurm_N/uid_*/job_* (%n-named root: multiple-slurmd build);
+# - as a fallback (e.g. a step still starting), a slurmstepd owns a unix
+#   socket $SPOOL_ROOT/N/N_<job>.<step>, which /proc/net/unix maps to an inode.
+node_job_pids() {
+    local n=$1 p fd link
     if [[ -d /sys/fs/cgroup/freezer/slurm_$n ]]; then
-        while IFS= read -r f; do
-            mapfile -t -O "${#pids[@]}" pids <"$f"
-        done < <(find "/sys/fs/cgroup/freezer/slurm_$n" -name cgroup.procs 2>/dev/null)
+        find "/sys/fs/cgroup/freezer/slurm_$n" -name cgroup.procs -exec cat {} + 2>/dev/null
     fi
+    local inodes
+    inodes=" $(awk -v pre="$SPOOL_ROOT/$n/" 'index($8, pre) == 1 { printf "%s ", $7 }' /proc/net/unix 2>/dev/null) "
+    [[ $inodes == "  " ]] && return 0
+    for p in $(find_pids slurmstepd); do
+        for fd in /proc/"$p"/fd/*; do
+            link=$(readlink "$fd" 2>/dev/null) || continue
+            if [[ $link == socket:\[*\] && $inodes == *" ${link//[^0-9]/} "* ]]; then
+                echo "$p"
+                break
+            fi
+        done
+    done
+}
+
+# kill_node_jobs N: SIGKILL everything jobs left on node N, like a crash would.
+kill_node_jobs() {
+    local n=$1 pids=()
+    mapfile -t pids < <(node_job_pids "$n" | sort -u)
     ((${#pids[@]})) || return 0
     kill -KILL "${pids[@]}" 2>/dev/null || true
     say "killed ${#pids[@]} job/step process(es) on $n"
@@ -616,7 +659,7 @@ kill_node_jobs() {
 # --------------------------------------------------------------------------
 cmd_up() {
     local t0=$SECONDS restart_slurm=0
-    require_root "$@"
+    require_root
     check_knobs
     install_packages
     install -d -m 0755 "$ETC_DIR" "$LOG_DIR" "$STATE_DIR" "$SPOOL_ROOT" "$RUN_DIR"
@@ -645,6 +688,7 @@ cmd_up() {
     for n in $(node_names); do start_slurmd "$n"; done
     # shellcheck disable=SC2046
     wait_nodes $(node_names)
+    reap_ghost_jobs
     wait_for "sacct to answer" "$WAIT_TIMEOUT" "$LOG_DIR/slurmdbd.log" sacct -n -X -S now-1minutes
     say "cluster up in $((SECONDS - t0))s: nodes $(node_names | paste -sd, -), partitions low (default, preemptable) / high"
 }
@@ -669,14 +713,31 @@ cmd_down() {
         esac
     done
     require_root
+    # Running jobs cannot survive 'down' (their processes are killed below).
+    # Cancel them while slurmctld still answers; otherwise the saved state
+    # keeps them as RUNNING "ghosts" holding nodes after the next 'up' until
+    # slurmctld notices they are gone. Pending jobs are kept. Draining the
+    # nodes first stops pending jobs from starting in the freed slots while
+    # we shut down; 'up' resumes drained nodes.
+    if is_running slurmctld && scontrol ping 2>/dev/null | grep -q 'is UP'; then
+        local running
+        scontrol update NodeName=ALL State=DRAIN Reason="cluster.sh down" >/dev/null 2>&1 || true
+        mapfile -t running < <(squeue -h -t RUNNING,SUSPENDED,CONFIGURING -o %A 2>/dev/null | sort -u)
+        if ((${#running[@]})); then
+            scancel "${running[@]}" 2>/dev/null || true
+            say "cancelled running job(s): ${running[*]}"
+        fi
+    fi
     stop_slurmds
     # slurmstepd and job processes survive a stopped slurmd; a real node
     # going down would take them along, so do the same.
     local d n
-    for d in /sys/fs/cgroup/freezer/slurm_node*; do
-        [[ -d $d ]] && kill_node_jobs "${d##*/slurm_}"
+    for n in $({
+        node_names
+        for d in /sys/fs/cgroup/freezer/slurm_node*; do [[ -d $d ]] && echo "${d##*/slurm_}"; done
+    } | sort -u); do
+        kill_node_jobs "$n"
     done
-    for n in $(node_names); do kill_node_jobs "$n"; done
     stop_daemon slurmctld 20 slurmctld
     stop_daemon slurmdbd 20 slurmdbd
     if ((purge)); then
@@ -755,7 +816,7 @@ cmd_kill_node() {
     local pids
     mapfile -t pids < <(find_pids slurmd -N "$n")
     if ((${#pids[@]})); then
-        kill -KILL "${pids[@]}"
+        kill -KILL "${pids[@]}" 2>/dev/null || true
         say "killed slurmd $n (pid ${pids[*]})"
     else
         say "slurmd $n not running"
@@ -775,7 +836,27 @@ cmd_start_node() {
 
 main() {
     local cmd=${1:-}
+    CMD=$cmd
     shift || true
+    # Commands other than 'up' follow the running configuration, so
+    # status/kill-node/down work without repeating HPC_SLURM_NODES.
+    if [[ $cmd != up && -z ${HPC_SLURM_NODES:-} && -f $SLURM_CONF_FILE ]]; then
+        local count
+        count=$(grep -c '^NodeName=node' "$SLURM_CONF_FILE" || true)
+        if ((count > 0)); then NODES=$count; fi
+    fi
+    # Serialise commands that start/stop daemons: two concurrent 'up's (e.g.
+    # parallel test workers) would otherwise both start a slurmctld.
+    case $cmd in
+        up | down | kill-node | start-node)
+            if ((EUID == 0)) && command -v flock >/dev/null 2>&1; then
+                # fd 9 holds the lock; every daemon is started with 9>&-,
+                # or it would inherit the fd and hold the lock forever.
+                exec 9>/run/hpc-cluster.lock
+                flock -w 300 9 || die "another cluster.sh is still running (lock /run/hpc-cluster.lock)"
+            fi
+            ;;
+    esac
     case $cmd in
         up) cmd_up "$@" ;;
         down) cmd_down "$@" ;;

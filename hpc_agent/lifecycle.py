@@ -1,0 +1,134 @@
+"""One state machine for a run's life: ``transition(phase, event) -> (phase, effects)``.
+
+Pure: no I/O, no clock. The watcher feeds it events it derived from the ledger and one batched sacct
+call, then carries out the effects it returns (submit, requeue, expedite, record, stop). Every edge is
+listed in ``EDGES``; an event that has no edge from the current phase is a bug in the caller and
+raises :class:`InvalidTransition` instead of being silently ignored.
+
+    submitting --submitted/found--> pending --started--> running --completed--> completed
+        |                             |  ^                  |
+        |                             |  '---requeued-------+---ended(recoverable)--> recovering
+        '--submit_failed--> stopped   '--ended(final)---> stopped <--gave_up----------'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Dict, Optional, Tuple
+
+
+class Phase(str, Enum):
+    SUBMITTING = "submitting"  # intent recorded, sbatch not (yet) confirmed
+    PENDING = "pending"        # a job id exists and it waits in the queue
+    RUNNING = "running"
+    RECOVERING = "recovering"  # an attempt ended; the decided action is being carried out
+    COMPLETED = "completed"    # terminal: training finished
+    STOPPED = "stopped"        # terminal: gave up, cancelled, or a code error
+
+
+TERMINAL = frozenset({Phase.COMPLETED, Phase.STOPPED})
+
+
+class EventKind(str, Enum):
+    SUBMITTED = "submitted"            # sbatch returned a job id
+    FOUND = "found"                    # start-up reconcile: sacct shows a job carrying the run id
+    NOT_FOUND = "not_found"            # start-up reconcile: no such job, so the intent never reached Slurm
+    SUBMIT_FAILED = "submit_failed"    # sbatch refused (bad partition, ...)
+    STARTED = "started"                # sacct: RUNNING
+    QUEUED = "queued"                  # sacct: PENDING (e.g. a requeued job waiting again)
+    COMPLETED = "completed"            # sacct: COMPLETED
+    ENDED = "ended"                    # an attempt ended; ``action`` says what the policy decided
+    RECOVERED = "recovered"            # the action took effect (requeued / resubmitted)
+    ACTION_FAILED = "action_failed"    # the action's Slurm command failed; retried next tick
+
+
+class Action(str, Enum):
+    """What the policy decided for an ended attempt."""
+
+    REQUEUE = "requeue"      # same job id: ensure requeued, expedite its start (preempted, timeout)
+    RESUBMIT = "resubmit"    # new job with a patched config (OOM ladder, node exclusion, LR rollback)
+    STOP = "stop"            # never requeue (code error, cancelled, budget spent)
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    job_id: Optional[str] = None
+    action: Optional[Action] = None
+    detail: Dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """Something the imperative shell must do. ``name`` is one of the EFFECT_* constants."""
+
+    name: str
+    job_id: Optional[str] = None
+    detail: Dict[str, object] = field(default_factory=dict)
+
+
+EFFECT_SUBMIT = "submit"        # run sbatch (the intent is already in the ledger)
+EFFECT_REQUEUE = "requeue"      # scontrol requeue (if Slurm has not) + scontrol update StartTime=now
+EFFECT_RESUBMIT = "resubmit"    # record a new intent with the patched config, then sbatch it
+EFFECT_RECORD = "record"        # write the decision to the ledger and events.jsonl
+EFFECT_NOTIFY = "notify"        # tell the user (stopped or completed)
+
+
+class InvalidTransition(ValueError):
+    pass
+
+
+# (phase, event kind, action or None) -> next phase. Every legal edge, and nothing else.
+EDGES: Dict[Tuple[Phase, EventKind, Optional[Action]], Phase] = {
+    (Phase.SUBMITTING, EventKind.SUBMITTED, None): Phase.PENDING,
+    (Phase.SUBMITTING, EventKind.FOUND, None): Phase.PENDING,
+    (Phase.SUBMITTING, EventKind.NOT_FOUND, None): Phase.SUBMITTING,
+    (Phase.SUBMITTING, EventKind.SUBMIT_FAILED, None): Phase.STOPPED,
+    (Phase.PENDING, EventKind.STARTED, None): Phase.RUNNING,
+    (Phase.PENDING, EventKind.QUEUED, None): Phase.PENDING,
+    (Phase.PENDING, EventKind.COMPLETED, None): Phase.COMPLETED,
+    (Phase.PENDING, EventKind.ENDED, Action.REQUEUE): Phase.RECOVERING,
+    (Phase.PENDING, EventKind.ENDED, Action.RESUBMIT): Phase.RECOVERING,
+    (Phase.PENDING, EventKind.ENDED, Action.STOP): Phase.STOPPED,
+    (Phase.RUNNING, EventKind.STARTED, None): Phase.RUNNING,
+    (Phase.RUNNING, EventKind.QUEUED, None): Phase.PENDING,  # Slurm requeued it by itself
+    (Phase.RUNNING, EventKind.COMPLETED, None): Phase.COMPLETED,
+    (Phase.RUNNING, EventKind.ENDED, Action.REQUEUE): Phase.RECOVERING,
+    (Phase.RUNNING, EventKind.ENDED, Action.RESUBMIT): Phase.RECOVERING,
+    (Phase.RUNNING, EventKind.ENDED, Action.STOP): Phase.STOPPED,
+    (Phase.RECOVERING, EventKind.RECOVERED, None): Phase.PENDING,
+    (Phase.RECOVERING, EventKind.ACTION_FAILED, None): Phase.RECOVERING,
+    (Phase.RECOVERING, EventKind.STARTED, None): Phase.RUNNING,  # a requeued job started before we looked
+    (Phase.RECOVERING, EventKind.QUEUED, None): Phase.RECOVERING,
+    (Phase.RECOVERING, EventKind.ENDED, Action.STOP): Phase.STOPPED,  # e.g. budget spent while retrying
+}
+
+
+def _effects(phase: Phase, event: Event, new_phase: Phase) -> Tuple[Effect, ...]:
+    """What to do on this edge. Decisions are always recorded before they are carried out."""
+    if event.kind is EventKind.NOT_FOUND:
+        # The crash happened between the intent and sbatch: Slurm never saw the job, so submitting now
+        # cannot duplicate it.
+        return (Effect(EFFECT_SUBMIT, detail=dict(event.detail)),)
+    if event.kind is EventKind.ENDED:
+        record = Effect(EFFECT_RECORD, event.job_id, {"action": event.action.value, **event.detail})
+        if event.action is Action.REQUEUE:
+            return (record, Effect(EFFECT_REQUEUE, event.job_id, dict(event.detail)))
+        if event.action is Action.RESUBMIT:
+            return (record, Effect(EFFECT_RESUBMIT, event.job_id, dict(event.detail)))
+        return (record, Effect(EFFECT_NOTIFY, event.job_id, {"phase": new_phase.value, **event.detail}))
+    if event.kind is EventKind.ACTION_FAILED:
+        return (Effect(EFFECT_RECORD, event.job_id, {"action": "retry_later", **event.detail}),)
+    if new_phase in TERMINAL and phase not in TERMINAL:
+        return (Effect(EFFECT_NOTIFY, event.job_id, {"phase": new_phase.value, **event.detail}),)
+    return ()
+
+
+def transition(phase: Phase, event: Event) -> Tuple[Phase, Tuple[Effect, ...]]:
+    """The next phase and the effects to carry out, or :class:`InvalidTransition`."""
+    key = (phase, event.kind, event.action if event.kind is EventKind.ENDED else None)
+    if key not in EDGES:
+        raise InvalidTransition(f"no edge from {phase.value} on {event.kind.value}"
+                                + (f" ({event.action.value})" if event.action else ""))
+    new_phase = EDGES[key]
+    return new_phase, _effects(phase, event, new_phase)
