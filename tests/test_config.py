@@ -126,3 +126,8 @@ def test_snapshot_round_trips(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(to_yaml(cfg))
     assert load_snapshot(path) == cfg
+
+
+def test_empty_sections_are_fine():
+    cfg = build_config([{"model": {}, "slurm": {"extra_sbatch": {}}}])
+    assert cfg.model.n_layers >= 1

@@ -37,7 +37,8 @@ def resolve_config_path(name: str) -> Path:
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
     """Flatten nested mappings to ``(dotted.key, value)`` pairs."""
-    if isinstance(node, Mapping) and (node or not prefix):
+    if isinstance(node, Mapping):
+        # An empty mapping (``model: {}``) sets nothing, so it yields nothing.
         for key, value in node.items():
             yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
     else:

@@ -151,7 +151,7 @@ class GPTWorkload:
     def _windows(self, starts: np.ndarray) -> Dict[str, torch.Tensor]:
         offsets = starts[:, None] + np.arange(self.seq_len + 1)[None, :]
         windows = torch.from_numpy(np.asarray(self.data[offsets], dtype=np.int64))
-        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+        return {"input_ids": windows[:, :-1].contiguous(), "labels": windows[:, 1:].contiguous()}
 
     def batch(self, start: int, count: int) -> Dict[str, torch.Tensor]:
         return self._windows(self.stream.take(start, count)["index"])
