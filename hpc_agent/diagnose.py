@@ -1,0 +1,305 @@
+"""python -m hpc_agent.diagnose JOBID | --sacct-file F [--log F ...] [--tb DIR] [--runs-root DIR] [--json]
+
+Why did my job die, and what should I do? Reads sacct (one ``sacct -D --parsable2`` call through
+``SlurmCLI``, or a saved copy with ``--sacct-file``), the job's log tails and its TensorBoard scalars,
+names the cause of the newest attempt with the lines that show it, and says what ``watch`` would do.
+It acts on nothing: no requeue, no cancel, no submit. Runs on login nodes: imports neither torch nor
+deepspeed (TensorBoard's event reader is imported only when there are event files to read).
+
+Exit codes: 0 a diagnosis was printed (including "unknown"), 2 bad arguments or an unreadable file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from hpc_agent.config.load import RUNS_ENV, load_snapshot
+from hpc_agent.config.problems import ConfigError
+from hpc_agent.config.schema import Config
+from hpc_agent.diagnosis.alarms import Alarm, alarms_from_scalars
+from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
+from hpc_agent.diagnosis.classify import Diagnosis, classify_job
+from hpc_agent.diagnosis.logscan import LogText
+from hpc_agent.launcher import run_id_from_job_name
+from hpc_agent.policy import Decision, PastAttempt, Situation, decide, patch_as_overrides
+from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, group_attempts, has_sacct_header, job_key_of, parse_sacct
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+DEFAULT_TAIL_BYTES = 1 << 20
+LOSS_TAG = "train/loss"
+LOSS_SCALE_TAG = "train/loss_scale"
+
+
+class UsageError(Exception):
+    """Bad arguments or an unreadable input file (exit code 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc_agent.diagnose",
+        description="Explain why a Slurm training job ended and what to do about it. Acts on nothing.",
+        epilog="Examples: python -m hpc_agent.diagnose 1234 | "
+               "python -m hpc_agent.diagnose --sacct-file sacct.txt --log 1234_0_log.out --json")
+    parser.add_argument("job_id", nargs="?", help="Slurm job id (12, 12_3 for an array task); asks sacct")
+    parser.add_argument("--sacct-file", help="saved `sacct -D --parsable2` output to read instead of asking Slurm "
+                                             "(replay/offline)")
+    parser.add_argument("--log", action="append", default=[], metavar="FILE",
+                        help="job log to read (repeat for per-rank logs); default: found via the run directory")
+    parser.add_argument("--tb", metavar="DIR", help="TensorBoard directory for NaN/inf loss and loss-scale alarms "
+                                                   "(default: <run dir>/tb when the run directory is found)")
+    parser.add_argument("--runs-root", help=f"where run directories live (default: ${RUNS_ENV} or ./runs)")
+    parser.add_argument("--tail-bytes", type=int, default=DEFAULT_TAIL_BYTES,
+                        help="bytes read from the end of each log (default 1 MiB)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return parser
+
+
+# --- inputs (I/O) -------------------------------------------------------------------------------------
+def read_tail(path: Path, max_bytes: int) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - max_bytes))
+        data = fh.read()
+    text = data.decode("utf-8", errors="replace")
+    if size > max_bytes and "\n" in text:
+        text = text.split("\n", 1)[1]  # the first line was cut in the middle
+    return text
+
+
+def _rank_order(path: Path) -> Tuple[int, str]:
+    m = re.search(r"_(\d+)_log\.\w+$", path.name)
+    return (int(m.group(1)) if m else 1 << 30, path.name)
+
+
+def find_logs(run_dir: Optional[Path], job_key: str, stdout_pattern: Optional[str] = None) -> List[Path]:
+    """The job's logs: ``<run dir>/slurm/<jobid>_<rank>_log.out`` (submitit's layout), else the StdOut path."""
+    found: List[Path] = []
+    base = job_key.split("_")[0]
+    if run_dir is not None:
+        folder = run_dir / "slurm"
+        found = sorted({*folder.glob(f"{job_key}_*_log.out"), *folder.glob(f"{job_key}_*_log.err")}, key=_rank_order)
+    if not found and stdout_pattern:
+        # Slurm filename patterns: %j job id, %A array master id; %t task, %a array index etc. vary -> glob.
+        pattern = stdout_pattern.replace("%j", base).replace("%A", base)
+        pattern = re.sub(r"%\d*[a-zA-Z]", "*", pattern)
+        parent = Path(pattern).parent
+        found = sorted(parent.glob(Path(pattern).name), key=_rank_order) if parent.is_dir() else []
+    return found
+
+
+def read_tb_scalars(tb_dir: Path,
+                    tags: Sequence[str] = (LOSS_TAG, LOSS_SCALE_TAG)) -> Dict[str, List[Tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` in write order, from every event file under ``tb_dir``."""
+    files = sorted(tb_dir.rglob("events.out.tfevents.*"))
+    points: Dict[str, List[Tuple[float, int, float]]] = {tag: [] for tag in tags}
+    if not files:
+        return {tag: [] for tag in tags}
+    # Imported here: TensorBoard is only needed when there are event files, and never pulls in torch.
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    for path in files:
+        for event in EventFileLoader(str(path)).Load():
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                if value.tag not in points:
+                    continue
+                if value.HasField("tensor"):  # the loader migrates simple_value to a scalar tensor
+                    number = float(tensor_util.make_ndarray(value.tensor).item())
+                else:
+                    number = float(value.simple_value)
+                points[value.tag].append((event.wall_time, int(event.step), number))
+    return {tag: [(step, v) for _, step, v in sorted(p, key=lambda x: x[0])] for tag, p in points.items()}
+
+
+def _stdout_from_scontrol(cli, job_id: str) -> Optional[str]:
+    try:
+        out = cli.run(["scontrol", "show", "job", job_id], check=False).stdout
+    except Exception:  # SlurmError, or anything odd: the log path is a nicety
+        return None
+    m = re.search(r"\bStdOut=(\S+)", out)
+    return m.group(1) if m else None
+
+
+# --- the command --------------------------------------------------------------------------------------
+def history_from_attempts(diagnoses: Sequence[Diagnosis]) -> List[PastAttempt]:
+    """The policy's history from the earlier attempts of one Slurm job (sacct -D alone: no ledger).
+    A later attempt exists, so each earlier one was requeued; checkpoint progress is unknown here."""
+    return [PastAttempt(d.job_id, d.cause.value, action="requeue") for d in diagnoses[:-1]]
+
+
+def situation_from(diagnoses: Sequence[Diagnosis], made_progress: Optional[bool] = None,
+                   checkpoint_steps: Sequence[int] = ()) -> Situation:
+    """The policy's facts about the newest attempt; a pending attempt after a Slurm requeue carries the
+    cause of the attempt before it (so the policy can expedite it)."""
+    latest = diagnoses[-1]
+    previous = diagnoses[-2].cause.value if len(diagnoses) > 1 and latest.cause == Cause.PENDING else None
+    return Situation(job_id=latest.job_id, made_progress=made_progress, checkpoint_steps=tuple(checkpoint_steps),
+                     nodes=latest.nodes, bad_nodes=latest.bad_nodes, divergence_step=latest.divergence_step,
+                     requeued_after=previous)
+
+
+def diagnose(job_id: Optional[str], sacct_text: str, logs: Sequence[LogText], alarms: Sequence[Alarm],
+             cfg: Config, sacct_error: Optional[str] = None) -> Dict[str, Any]:
+    """The report as a dict (what ``--json`` prints). Pure: every input is already read."""
+    rows = parse_sacct(sacct_text)
+    jobs = group_attempts(rows)
+    if not job_id and jobs:
+        job_id = list(jobs)[-1]  # a saved file without a JOBID: the job sacct printed last
+    attempts: List[Attempt] = jobs.get(job_key_of(job_id or ""), [])
+    diagnoses = classify_job(attempts, logs, alarms, job_id=job_id or "")
+    latest = diagnoses[-1]
+    notes: List[str] = []
+    if sacct_error:
+        notes.append(f"sacct failed: {sacct_error}")
+    elif sacct_text.strip() and not has_sacct_header(sacct_text):
+        notes.append("sacct output not understood (no header line with JobID and State)")
+    decision = decide(latest.cause, history_from_attempts(diagnoses), cfg, situation_from(diagnoses))
+    return {
+        "job_id": job_id or "",
+        "cause": latest.cause.value,
+        "state": latest.state,
+        "exit_code": latest.exit_code,
+        "nodes": list(latest.nodes),
+        "bad_nodes": list(latest.bad_nodes),
+        "evidence": notes + list(latest.evidence),
+        "summary": SUMMARY[latest.cause.value],
+        "suggestion": _suggestion(latest.cause, decision),
+        "decision": decision.to_dict(),
+        "attempts": [{"job_id": d.job_id, "attempt": d.attempt_index + 1, "state": d.state, "cause": d.cause.value}
+                     for d in diagnoses if d.state or d.cause != Cause.UNKNOWN],
+    }
+
+
+def _suggestion(cause: Cause, decision: Decision) -> str:
+    text = ADVICE[cause.value]
+    if decision.patch:
+        text += " Proposed: " + " ".join(patch_as_overrides(decision.patch)) + "."
+    if decision.action == "stop" and cause not in (Cause.CODE_ERROR, Cause.CANCELLED):
+        text += f" The watcher would stop: {decision.reason}."
+    return text
+
+
+def render_text(report: Dict[str, Any]) -> str:
+    d = report["decision"]
+    lines = [f"job {report['job_id'] or '?'}: {report['cause']} -- {report['summary']}"]
+    if report["state"]:
+        blamed = f"; blamed: {','.join(report['bad_nodes'])}" if report["bad_nodes"] else ""
+        lines.append(f"  state {report['state']}, exit {report['exit_code'] or '?'}, "
+                     f"nodes {','.join(report['nodes']) or '-'}{blamed}")
+    lines.append("evidence:")
+    lines += [f"  - {e}" for e in report["evidence"]]
+    lines.append(f"what to do: {report['suggestion']}")
+    expedite = " + expedite (StartTime=now)" if d["expedite"] else ""
+    lines.append(f"watch would: {d['action']} ({d['reason']}){expedite}")
+    if str(report.get("config", "")).startswith("schema defaults"):
+        lines.append("  (numbers from the schema defaults: the run directory was not found; pass --runs-root)")
+    if len(report["attempts"]) > 1:
+        lines.append("attempts (oldest first):")
+        lines += [f"  {a['attempt']}. {a['job_id']} {a['state']}: {a['cause']}" for a in report["attempts"]]
+    return "\n".join(lines)
+
+
+@dataclass
+class Inputs:
+    """Everything read from Slurm and the file system, before the pure :func:`diagnose` runs."""
+
+    job_id: Optional[str]
+    sacct_text: str
+    sacct_error: Optional[str] = None
+    logs: List[LogText] = field(default_factory=list)
+    alarms: List[Alarm] = field(default_factory=list)
+    cfg: Config = field(default_factory=Config)
+    config_source: str = "schema defaults (run directory not found)"
+    run_dir: Optional[Path] = None
+
+
+def _read_sacct(args: argparse.Namespace) -> Tuple[str, Optional[str], Any]:
+    """(sacct text, error, the SlurmCLI used or None)."""
+    if args.sacct_file:
+        try:
+            return Path(args.sacct_file).read_text(errors="replace"), None, None
+        except OSError as exc:
+            raise UsageError(f"cannot read --sacct-file {args.sacct_file}: {exc.strerror or exc}")
+    from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+
+    cli = SlurmCLI()
+    try:
+        return cli.sacct([args.job_id], fields=SACCT_FIELDS), None, cli
+    except SlurmError as exc:  # slurmdbd busy or down: unknown, which means wait
+        return "", str(exc), cli
+
+
+def load_inputs(args: argparse.Namespace) -> Inputs:
+    sacct_text, sacct_error, cli = _read_sacct(args)
+    jobs = group_attempts(parse_sacct(sacct_text))
+    job_id = args.job_id or (list(jobs)[-1] if jobs else None)
+    found = Inputs(job_id, sacct_text, sacct_error)
+    attempts = jobs.get(job_key_of(job_id or ""), [])
+    runs_root = Path(args.runs_root or os.environ.get(RUNS_ENV) or "./runs").expanduser()
+    run_id = run_id_from_job_name(attempts[-1].job_name) if attempts else None
+    if run_id and (runs_root / run_id).is_dir():
+        found.run_dir = runs_root / run_id
+
+    paths = [Path(p) for p in args.log]
+    if not paths and job_id:
+        stdout = _stdout_from_scontrol(cli, job_id) if cli is not None and found.run_dir is None else None
+        paths = find_logs(found.run_dir, job_key_of(job_id), stdout)
+    for path in paths:
+        try:
+            found.logs.append(LogText(path.name, read_tail(path, args.tail_bytes)))
+        except OSError as exc:
+            raise UsageError(f"cannot read log {path}: {exc.strerror or exc}")
+
+    snapshot = found.run_dir / "config.yaml" if found.run_dir is not None else None
+    if snapshot is not None and snapshot.is_file():
+        try:
+            found.cfg, found.config_source = load_snapshot(snapshot), str(snapshot)
+        except ConfigError:
+            found.config_source = f"schema defaults ({snapshot} did not validate)"
+    tb_dir = Path(args.tb) if args.tb else (found.run_dir / "tb" if found.run_dir is not None else None)
+    if args.tb and not tb_dir.is_dir():
+        raise UsageError(f"--tb {args.tb} is not a directory")
+    if tb_dir is not None and tb_dir.is_dir():
+        scalars = read_tb_scalars(tb_dir)
+        found.alarms = alarms_from_scalars(scalars[LOSS_TAG], scalars[LOSS_SCALE_TAG], found.cfg.train.min_loss_scale)
+    return found
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
+        return int(exc.code or 0)
+    if not args.job_id and not args.sacct_file:
+        parser.print_usage(sys.stderr)
+        print("diagnose: give a JOBID or --sacct-file FILE", file=sys.stderr)
+        return EXIT_USAGE
+    if args.tail_bytes <= 0:
+        print("diagnose: --tail-bytes must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        found = load_inputs(args)
+    except UsageError as exc:
+        print(f"diagnose: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    report = diagnose(found.job_id, found.sacct_text, found.logs, found.alarms, found.cfg, found.sacct_error)
+    report["run_dir"] = str(found.run_dir) if found.run_dir else None
+    report["config"] = found.config_source  # where the decision's numbers (batch, --mem, lr) came from
+    report["logs"] = [log.name for log in found.logs]
+    print(json.dumps(report, indent=2) if args.json else render_text(report))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

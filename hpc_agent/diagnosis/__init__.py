@@ -1,0 +1,15 @@
+"""Diagnosis: (sacct records, log tails, training alarms) -> cause + evidence. Pure, no I/O.
+
+- ``causes``: the cause taxonomy (``Cause``) and its one-line explanations;
+- ``exit_codes``: the training job's own exit codes -> cause (the one table to align with ``launch/``);
+- ``logscan``: log lines -> findings (cause, position, timestamp, rank, node);
+- ``alarms``: TensorBoard scalar series -> NaN/inf loss and loss-scale alarms;
+- ``classify``: all of it -> a ``Diagnosis`` per attempt (root cause across ranks).
+"""
+from hpc_agent.diagnosis.alarms import Alarm, alarms_from_scalars
+from hpc_agent.diagnosis.causes import ALL_CAUSES, Cause
+from hpc_agent.diagnosis.classify import Diagnosis, classify_attempt, classify_job
+from hpc_agent.diagnosis.logscan import LogText
+
+__all__ = ["Alarm", "alarms_from_scalars", "ALL_CAUSES", "Cause", "Diagnosis", "classify_attempt", "classify_job",
+           "LogText"]

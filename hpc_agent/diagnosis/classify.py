@@ -1,0 +1,279 @@
+"""Why did an attempt end? sacct records + log tails + training alarms -> cause + evidence. Pure.
+
+How the evidence is weighed:
+
+1. The state decides while the job is queued or running, and for COMPLETED, unless the training
+   process announced a non-zero exit in the log (``[hpc_agent] ... exiting 65``: a wrapper such as
+   submitit turned it into 0).
+2. CANCELLED without a Slurm reason in the log (no "DUE TO TIME LIMIT/PREEMPTION/NODE FAILURE") is a
+   person's scancel: ``cancelled``, whatever the log showed before (their intent wins; it is reported).
+3. Otherwise every finding competes: log lines, TensorBoard alarms and the Slurm state (PREEMPTED,
+   TIMEOUT, NODE_FAIL, OUT_OF_MEMORY on any row). The root cause is the *earliest* finding where an
+   order is known (timestamps, or line order within one log); among findings that cannot be ordered
+   against each other, a primary fault (GPU hardware, host OOM, GPU OOM, divergence) beats a Slurm kill,
+   which beats a code error, which beats an NCCL error. NCCL errors and tracebacks are so often the
+   echo of another rank's death or of SIGTERM that they never win against a preemption or node failure.
+4. With no finding at all, the exit code table (``exit_codes.py``) and then the state decide; a FAILED
+   job with nothing recognisable is a ``code_error``: not requeued, reported.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hpc_agent.diagnosis.alarms import Alarm
+from hpc_agent.diagnosis.causes import SECONDARY_FAULTS, Cause
+from hpc_agent.diagnosis.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
+from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, LogText, parse_timestamp, scan_logs, split_attempts,
+                                         split_by_time)
+from hpc_agent.slurm.sacct import Attempt
+
+PENDING_STATES = {"PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+RUNNING_STATES = {"RUNNING", "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING", "SUSPENDED",
+                  "STOPPED"}
+_STATE_CAUSE = {"PREEMPTED": Cause.PREEMPTED, "TIMEOUT": Cause.TIMEOUT, "DEADLINE": Cause.TIMEOUT,
+                "NODE_FAIL": Cause.NODE_FAIL, "BOOT_FAIL": Cause.NODE_FAIL, "OUT_OF_MEMORY": Cause.HOST_OOM}
+# Among findings that cannot be ordered, the most likely root cause first.
+_PRIORITY = (Cause.GPU_HW_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.DIVERGED, Cause.NODE_FAIL, Cause.PREEMPTED,
+             Cause.TIMEOUT, Cause.CODE_ERROR, Cause.NCCL_ERROR, Cause.CANCELLED)
+MAX_EVIDENCE_LINES = 8
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    job_id: str
+    cause: Cause
+    evidence: Tuple[str, ...]
+    attempt_index: int = 0
+    state: str = ""
+    exit_code: str = ""
+    nodes: Tuple[str, ...] = ()
+    """Every node of the attempt."""
+    bad_nodes: Tuple[str, ...] = ()
+    """Nodes the evidence blames (the failed node, the GPU's node, the nodes of the NCCL errors)."""
+    divergence_step: Optional[int] = None
+    root: Optional[Finding] = field(default=None, compare=False)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt_index, "state": self.state,
+                "exit_code": self.exit_code, "cause": self.cause.value, "evidence": list(self.evidence),
+                "nodes": list(self.nodes), "bad_nodes": list(self.bad_nodes),
+                "divergence_step": self.divergence_step}
+
+
+def _year(attempt: Attempt) -> Optional[int]:
+    start = attempt.start or ""
+    return int(start[:4]) if start[:4].isdigit() else None
+
+
+def _sacct_line(attempt: Attempt) -> str:
+    nodes = ",".join(attempt.nodes) or "no node"
+    by = f" by {attempt.cancelled_by}" if attempt.cancelled_by else ""
+    line = (f"sacct: job {attempt.job_id} attempt {attempt.index + 1}: {attempt.state}{by}, "
+            f"exit {attempt.exit_code or '?'}, on {nodes}")
+    if attempt.start and attempt.start != "Unknown":
+        line += f", {attempt.start} to {attempt.end}"
+    odd_steps = [f"{s.job_id} {s.state} {s.exit_code}" for s in attempt.steps
+                 if s.state and s.state not in (attempt.state, "COMPLETED", "RUNNING")]
+    if odd_steps:
+        line += "; steps: " + ", ".join(odd_steps)
+    return line
+
+
+def _precedes(a: Finding, b: Finding) -> Optional[bool]:
+    """Is ``a`` known to have happened before ``b``? None when they cannot be ordered."""
+    if a.timestamp is not None and b.timestamp is not None and a.timestamp != b.timestamp:
+        return a.timestamp < b.timestamp
+    if a.source_index is not None and a.source_index == b.source_index and a.line_no != b.line_no:
+        return (a.line_no or 0) < (b.line_no or 0)
+    return None
+
+
+def choose_root(candidates: Sequence[Finding]) -> Optional[Finding]:
+    """The earliest finding where an order is known; ties among unordered ones go by :data:`_PRIORITY`."""
+    earliest = [c for c in candidates if not any(o is not c and _precedes(o, c) for o in candidates)]
+    if not earliest:
+        return None
+    far = _dt.datetime.max
+    return min(earliest, key=lambda f: (_PRIORITY.index(f.cause) if f.cause in _PRIORITY else len(_PRIORITY),
+                                        f.timestamp or far, f.source_index if f.source_index is not None else 1 << 30,
+                                        f.line_no or 0))
+
+
+def _alarm_findings(alarms: Sequence[Alarm]) -> List[Finding]:
+    return [Finding(Cause.DIVERGED, FAULT, "tensorboard", None, None, a.detail, step=a.step) for a in alarms]
+
+
+def _state_findings(attempt: Attempt) -> List[Finding]:
+    """The Slurm state as a finding; an OUT_OF_MEMORY step counts even when the allocation says FAILED."""
+    out = []
+    cause = _STATE_CAUSE.get(attempt.state)
+    if cause is not None:
+        out.append(Finding(cause, KILL if cause != Cause.HOST_OOM else FAULT, "sacct", None, None,
+                           f"state {attempt.state} (exit {attempt.exit_code})"))
+    oom_steps = [s for s in attempt.steps if s.state == "OUT_OF_MEMORY"]
+    if oom_steps and cause != Cause.HOST_OOM:
+        out.append(Finding(Cause.HOST_OOM, FAULT, "sacct", None, None,
+                           f"step {oom_steps[0].job_id} OUT_OF_MEMORY (exit {oom_steps[0].exit_code})"))
+    return out
+
+
+def _exit_code_meaning(attempt: Attempt, table: Mapping[int, ExitCodeMeaning]) -> Optional[Tuple[str, ExitCodeMeaning]]:
+    """The first row (srun step, then batch, then allocation) whose exit code the table explains."""
+    order = sorted(attempt.rows, key=lambda r: (r.step is None, r.step == "batch", r.step == "extern"))
+    for row in order:
+        meaning = cause_for_exit(row.exit_status, row.signal, table)
+        if meaning is not None:
+            return row.job_id, meaning
+    return None
+
+
+def _bad_nodes(root: Finding, findings: Sequence[Finding], attempt: Attempt) -> Tuple[str, ...]:
+    if root.cause == Cause.NCCL_ERROR:
+        named = [f.node for f in findings if f.cause == Cause.NCCL_ERROR and f.node]
+    else:
+        named = [f.node for f in findings if f.cause == root.cause and f.node and f.kind == FAULT] or \
+                ([root.node] if root.node and root.kind == FAULT else [])
+        if root.cause == Cause.NODE_FAIL:
+            # "Node failure on X" and "STEPD TERMINATED ON X" name the bad node; the node in "JOB 1 ON X
+            # CANCELLED ... DUE TO NODE FAILURE" is the batch host that lived to write it.
+            named = [f.node for f in findings if f.cause == Cause.NODE_FAIL and f.node
+                     and ("Node failure on" in f.line or "STEPD TERMINATED" in f.line)]
+    if attempt.nodes:
+        # What a process prints as its hostname (an FQDN, or the machine's name where slurmd runs under
+        # another NodeName) is not always a Slurm node name; only Slurm's names may reach --exclude.
+        names = set(attempt.nodes)
+        named = [n if n in names else n.split(".")[0] for n in named]
+        named = [n for n in named if n in names]
+    if not named and root.cause in (Cause.NODE_FAIL, Cause.GPU_HW_ERROR) and len(attempt.nodes) == 1:
+        named = list(attempt.nodes)  # a one-node job: that node is the one
+    return tuple(dict.fromkeys(n for n in named if n))
+
+
+def _evidence(head: str, root: Optional[Finding], findings: Sequence[Finding],
+              extra: Sequence[str] = ()) -> Tuple[str, ...]:
+    lines = [head]
+    if root is not None and root.source != "sacct":
+        lines.append(f"{root.where()}: {root.line}")
+    seen_causes = {root.cause} if root else set()
+    same = [f for f in findings if root is not None and f.cause == root.cause and f is not root and f.source != "sacct"]
+    others = []
+    for f in findings:  # the first line of every other cause: what happened around the root cause
+        # Slurm signals the steps with a plain "CANCELLED AT" line before a preemption or time limit
+        # too; as a side note it would only confuse.
+        if f.cause not in seen_causes and f.source != "sacct" and f.cause != Cause.CANCELLED:
+            seen_causes.add(f.cause)
+            others.append(f)
+    lines.extend(extra)
+    for f in (same[:2] + others):
+        if len(lines) >= MAX_EVIDENCE_LINES:
+            break
+        if any(f.line in e for e in extra):
+            continue
+        lines.append(f"also {f.cause.value}: {f.where()}: {f.line}")
+    return tuple(dict.fromkeys(lines))
+
+
+def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), alarms: Sequence[Alarm] = (),
+                     exit_codes: Mapping[int, ExitCodeMeaning] = EXIT_CODES, job_id: str = "") -> Diagnosis:
+    """The cause of one attempt's end (or its current state), with the lines that show it."""
+    if attempt is None:
+        return Diagnosis(job_id, Cause.UNKNOWN, ("sacct has no record of this job (yet): waiting, not requeueing",))
+    base = dict(job_id=attempt.job_id, attempt_index=attempt.index, state=attempt.state,
+                exit_code=attempt.exit_code, nodes=tuple(attempt.nodes))
+    head = _sacct_line(attempt)
+    findings = scan_logs(logs, attempt.nodes, _year(attempt)) + _alarm_findings(alarms)
+
+    def result(cause: Cause, root: Optional[Finding] = None, extra: Sequence[str] = (), **kw: Any) -> Diagnosis:
+        return Diagnosis(cause=cause, evidence=_evidence(head, root, findings, extra), root=root, **base, **kw)
+
+    state = attempt.state
+    if state in PENDING_STATES:
+        return result(Cause.PENDING)
+    if state in RUNNING_STATES:
+        warnings = [f"warning: {f.where()}: {f.line}" for f in findings if f.cause == Cause.DIVERGED][:2]
+        return result(Cause.RUNNING, extra=warnings)
+    announced = announced_exit_code(line for log in logs for line in log.text.splitlines())
+    if state == "COMPLETED" and not (announced and announced[0] != 0):
+        return result(Cause.COMPLETED)
+    # (COMPLETED with "[hpc_agent] ... exiting 65" in the log: a wrapper lost the exit status; go on.)
+    if not state:
+        return result(Cause.UNKNOWN, extra=["sacct row without a state"])
+
+    kills = [f for f in findings if f.kind == KILL and f.cause != Cause.CANCELLED]
+    if state == "CANCELLED" and not kills:
+        plain = [f for f in findings if f.cause == Cause.CANCELLED]
+        before = [f for f in findings if f.kind == FAULT][:1]
+        extra = [f"before the cancel: {f.where()}: {f.line}" for f in before]
+        return result(Cause.CANCELLED, plain[0] if plain else None, extra)
+
+    # The state is one more finding, unless a log line reports the same event with a position.
+    candidates = [f for f in findings if f.cause != Cause.CANCELLED]
+    logged = {f.cause for f in kills}
+    candidates += [f for f in _state_findings(attempt) if f.cause not in logged]
+    if state in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "REQUEUED"):
+        candidates = [f for f in candidates if f.cause not in SECONDARY_FAULTS]
+    root = choose_root(candidates)
+    if root is not None:
+        step = root.step if root.cause == Cause.DIVERGED else None
+        if root.cause == Cause.DIVERGED and step is None:
+            steps = [f.step for f in candidates if f.cause == Cause.DIVERGED and f.step is not None]
+            step = min(steps) if steps else None
+        extra = [f"slurm: {f.line}" for f in candidates if f.source == "sacct" and f is not root][:1]
+        return result(root.cause, root, extra, bad_nodes=_bad_nodes(root, findings, attempt), divergence_step=step)
+
+    # The training process's own "exiting N" line beats sacct's ExitCode, which may be another rank's
+    # or a wrapper's (submitit exits 0 whatever the function returned).
+    explained = _exit_code_meaning(attempt, exit_codes)
+    if announced is not None and announced[0] in exit_codes:
+        explained = f"log line '{announced[1]}'", exit_codes[announced[0]]
+    why = "no recognised error in the log" if logs else "no log to read"
+    if explained is not None:
+        where, meaning = explained
+        note = " (placeholder code: see hpc_agent/diagnosis/exit_codes.py)" if meaning.placeholder else ""
+        bad = tuple(attempt.nodes) if meaning.cause == Cause.GPU_HW_ERROR and len(attempt.nodes) == 1 else ()
+        extra = [f"exit code {meaning.code} of {where}: {meaning.meaning}{note}"]
+        if meaning.cause == Cause.CODE_ERROR:
+            extra.append(f"{why}: not requeued")
+        return result(meaning.cause, extra=extra, bad_nodes=bad)
+    if state == "REQUEUED":
+        return result(Cause.PREEMPTED, extra=["Slurm (or an admin) requeued this attempt; no other reason in the log"])
+    if state in ("FAILED", "SPECIAL_EXIT"):
+        return result(Cause.CODE_ERROR,
+                      extra=[f"exit {attempt.exit_code} and {why}: treated as a code error (not requeued)"])
+    if state == "CANCELLED":
+        return result(Cause.CANCELLED)
+    return result(Cause.UNKNOWN, extra=[f"state {state} is not one this classifier knows"])
+
+
+def _started(attempt: Attempt) -> bool:
+    return attempt.state not in PENDING_STATES and attempt.start not in ("", "Unknown", "None")
+
+
+def logs_per_attempt(attempts: Sequence[Attempt], logs: Sequence[LogText]) -> List[List[LogText]]:
+    """Each attempt's share of the (appended) logs: pieces are matched to started attempts from the end,
+    since a log tail may have lost its oldest attempts and a pending attempt has written nothing yet."""
+    shares: List[List[LogText]] = [[] for _ in attempts]
+    started = [i for i, a in enumerate(attempts) if _started(a)]
+    starts = [parse_timestamp(attempts[i].start) for i in started]
+    for log in logs:
+        pieces = split_attempts(log)
+        if len(pieces) == 1 and len(started) > 1 and all(starts):
+            # No start markers (not a submitit job): Slurm's own lines carry timestamps, use them.
+            pieces = split_by_time(log, starts)  # type: ignore[arg-type]
+        for offset, piece in enumerate(reversed(pieces)):
+            if offset < len(started):
+                shares[started[-1 - offset]].append(piece)
+    return shares
+
+
+def classify_job(attempts: Sequence[Attempt], logs: Sequence[LogText] = (), alarms: Sequence[Alarm] = (),
+                 exit_codes: Mapping[int, ExitCodeMeaning] = EXIT_CODES, job_id: str = "") -> List[Diagnosis]:
+    """A diagnosis per attempt (oldest first); the TensorBoard alarms are applied to the newest only.
+    ``[]`` attempts gives one ``unknown`` diagnosis."""
+    if not attempts:
+        return [classify_attempt(None, job_id=job_id)]
+    shares = logs_per_attempt(attempts, logs)
+    last = len(attempts) - 1
+    return [classify_attempt(a, shares[i], alarms if i == last else (), exit_codes) for i, a in enumerate(attempts)]

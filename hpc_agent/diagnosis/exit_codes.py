@@ -1,0 +1,88 @@
+"""Exit codes of the training job that name their own cause: the one table to align with ``launch/``.
+
+The training process (``python -m launch.train``, run by srun in every task) says why it stopped by its
+exit status (``launch/exitcodes.py``, ``docs/exit_codes.md``); sacct reports it in ExitCode (``65:0``) on
+the ``.0`` step, and the batch script passes it on to the allocation row. It also prints the code in
+its last line (``[hpc_agent] ... exiting 65``), which :func:`announced_exit_code` reads, because the
+status can be lost on the way (a wrapper that exits 0, a step killed afterwards).
+
+The classifier uses this table only when the log names no cause itself: log evidence shows *which*
+rank failed first, an exit status only says how one process ended. The Slurm state also comes first:
+a job that exits 75 after SIGTERM is PREEMPTED (or CANCELLED by a person) in sacct, so 75 seen with
+FAILED means SIGUSR2, the time-limit warning.
+
+``placeholder=True`` marks a proposal that ``launch/`` does not produce yet.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterable, Mapping, Optional, Tuple
+
+from hpc_agent.diagnosis.causes import Cause
+
+
+@dataclass(frozen=True)
+class ExitCodeMeaning:
+    code: int
+    cause: Cause
+    meaning: str
+    placeholder: bool = False
+    """True while ``launch/`` does not exit with this code (align, then flip to False)."""
+
+
+# Same numbers as launch/exitcodes.py (kept apart: this package must not import launch/, which is
+# torch territory; tests/test_classify.py checks that the two tables agree).
+EXIT_CRASHED = 1
+EXIT_OUT_OF_MEMORY = 3
+EXIT_DIVERGED = 65
+EXIT_UNAVAILABLE = 69
+EXIT_SIGNALLED_AFTER_CHECKPOINT = 75
+EXIT_CONFIG = 78
+EXIT_GPU_HEALTH_CRITICAL = 82  # proposal: launch/ has no GPU health check yet
+
+EXIT_CODES: Mapping[int, ExitCodeMeaning] = {m.code: m for m in (
+    ExitCodeMeaning(EXIT_CRASHED, Cause.CODE_ERROR, "uncaught Python exception (a code bug)"),
+    ExitCodeMeaning(EXIT_OUT_OF_MEMORY, Cause.GPU_OOM, "the allocator raised out-of-memory (CUDA OOM)"),
+    ExitCodeMeaning(EXIT_DIVERGED, Cause.DIVERGED, "the loss became NaN/inf; no checkpoint written for it"),
+    ExitCodeMeaning(EXIT_UNAVAILABLE, Cause.CODE_ERROR,
+                    "the requested precision/backend cannot run on this node (fix the config)"),
+    ExitCodeMeaning(EXIT_SIGNALLED_AFTER_CHECKPOINT, Cause.TIMEOUT,
+                    "SIGUSR2 (time limit near) or SIGTERM caught, complete checkpoint written: resume"),
+    ExitCodeMeaning(EXIT_CONFIG, Cause.CODE_ERROR,
+                    "invalid config, or the resume cannot honour the change from the checkpoint"),
+    ExitCodeMeaning(EXIT_GPU_HEALTH_CRITICAL, Cause.GPU_HW_ERROR,
+                    "GPU health check reported CRITICAL (ECC, Xid, GPU lost)", placeholder=True),
+)}
+
+# 0:125 in sacct is not an exit status: Slurm records signal field 125 for steps the cgroup OOM
+# killer hit (the state is then OUT_OF_MEMORY).
+SLURM_OOM_SIGNAL = 125
+
+_ANNOUNCED = re.compile(r"\[hpc_agent\].*\b[Ee]xiting (\d+)\b")
+
+
+def cause_for_exit(exit_status: Optional[int], signal: Optional[int],
+                   table: Mapping[int, ExitCodeMeaning] = EXIT_CODES) -> Optional[ExitCodeMeaning]:
+    """The table entry for an ``exit_status:signal`` pair, or None if it says nothing specific."""
+    if signal == SLURM_OOM_SIGNAL:
+        return ExitCodeMeaning(SLURM_OOM_SIGNAL, Cause.HOST_OOM, "Slurm's OOM marker (ExitCode 0:125)")
+    if exit_status is None:
+        return None
+    return table.get(exit_status)
+
+
+def announced_exit_code(lines: Iterable[str]) -> Optional[Tuple[int, str]]:
+    """The last ``[hpc_agent] ... exiting N`` line of a log: (N, line), or None."""
+    found = None
+    for line in lines:
+        m = _ANNOUNCED.search(line)
+        if m:
+            found = (int(m.group(1)), line.strip())
+    return found
+
+
+def as_table(table: Mapping[int, ExitCodeMeaning] = EXIT_CODES) -> Dict[int, Dict[str, object]]:
+    """The table as plain data (for docs and ``diagnose --json`` consumers)."""
+    return {code: {"cause": m.cause.value, "meaning": m.meaning, "placeholder": m.placeholder}
+            for code, m in sorted(table.items())}

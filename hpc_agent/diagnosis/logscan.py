@@ -1,0 +1,312 @@
+"""Find the lines in a job's log that say why it ended. Pure: text in, findings out.
+
+A finding is one line that names a cause, with what is needed to order it against other findings:
+its position in its log, its timestamp when the line carries one, its rank and its node. Ordering is
+how the root cause of a multi-rank failure is found (the CUDA OOM on rank 0 comes *before* the NCCL
+timeouts it causes on the other ranks), so the timestamp formats of the tools that write into a job
+log are recognised: ISO (slurmstepd, Python logging, DeepSpeed), glog (PyTorch C++: ``E1130 10:22:31.1``)
+and ``dmesg -T`` style (``Nov 30 10:22:31``, for Xid lines copied from the kernel log).
+
+Logs are appended across requeues (``--open-mode=append``), so :func:`split_attempts` cuts a log at
+each attempt's start line before it is scanned.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Pattern, Sequence, Tuple
+
+from hpc_agent.diagnosis.causes import Cause
+
+FAULT = "fault"
+"""Something broke inside the job."""
+KILL = "kill"
+"""Slurm (or submitit on its behalf) ended the job: time limit, preemption, node failure, scancel."""
+
+
+@dataclass(frozen=True)
+class LogText:
+    """The (tail of the) text of one log file; ``name`` is shown in evidence and may carry the rank."""
+
+    name: str
+    text: str
+    line_numbers: Tuple[int, ...] = ()
+    """File line number of each line of ``text`` when it is a piece of a longer log; empty: 1, 2, 3..."""
+
+    def numbered_lines(self) -> Iterator[Tuple[int, str]]:
+        for i, line in enumerate(self.text.splitlines()):
+            yield (self.line_numbers[i] if i < len(self.line_numbers) else i + 1), line
+
+
+@dataclass(frozen=True)
+class Finding:
+    cause: Cause
+    kind: str
+    source: str
+    """Where the line came from: a log name, ``sacct`` or ``tensorboard``."""
+    source_index: Optional[int]
+    """Index of the log in the list given to :func:`scan_logs`; None for sacct/tensorboard findings."""
+    line_no: Optional[int]
+    line: str
+    timestamp: Optional[_dt.datetime] = None
+    rank: Optional[int] = None
+    node: Optional[str] = None
+    step: Optional[int] = None
+    """Training step the line is about (NaN loss lines, TensorBoard alarms)."""
+
+    def where(self) -> str:
+        place = f"{self.source}:{self.line_no}" if self.line_no is not None else self.source
+        who = ", ".join(x for x in (f"rank {self.rank}" if self.rank is not None else "", self.node or "") if x)
+        return f"{place} [{who}]" if who else place
+
+
+def _rx(pattern: str, flags: int = 0) -> Pattern[str]:
+    return re.compile(pattern, flags)
+
+
+# --- kills: Slurm ended the job -------------------------------------------------------------------
+# slurmstepd writes "*** JOB 123 ON node1 CANCELLED AT 2026-11-30T10:22:31 DUE TO TIME LIMIT ***" into the
+# job's output; without "DUE TO" it was a plain scancel. A requeue by scontrol reads "DUE TO JOB REQUEUE".
+_SLURM_CANCEL = _rx(r"\*\*\* (?:JOB|STEP) \S+ ON (?P<node>\S+) CANCELLED AT (?P<ts>\S+)"
+                    r"(?: DUE TO (?P<why>[A-Z ]+?))?(?:,[^*]*)? \*\*\*")
+_DUE_TO = {"TIME LIMIT": Cause.TIMEOUT, "PREEMPTION": Cause.PREEMPTED, "NODE FAILURE": Cause.NODE_FAIL,
+           "JOB REQUEUE": Cause.PREEMPTED, None: Cause.CANCELLED}
+_KILLS: Sequence[Tuple[Cause, Pattern[str]]] = (
+    # Processes that ignore SIGKILL (stuck in the kernel, often a dying GPU or filesystem): Slurm drains the node.
+    (Cause.NODE_FAIL, _rx(r"STEPD TERMINATED ON (?P<node>\S+) AT \S+ DUE TO JOB NOT ENDING WITH SIGNALS")),
+    (Cause.NODE_FAIL, _rx(r"srun: error: Node failure on (?P<node>[\w.-]+)")),
+    # submitit's handler of our --signal=USR2@lead (and of preemption signals).
+    (Cause.TIMEOUT, _rx(r"Caught signal SIG\w+ on (?P<node>[\w.-]+): this job is timed-out")),
+    (Cause.PREEMPTED, _rx(r"Caught signal SIG\w+ on (?P<node>[\w.-]+): this job is preempted")),
+    # launch/'s own handler: SIGUSR2 is our --signal=USR2@lead, the time-limit warning. Its SIGTERM line
+    # is not a kill here: SIGTERM also comes from a person's scancel, which must not be requeued.
+    (Cause.TIMEOUT, _rx(r"\[hpc_agent\] signal SIGUSR2 at step")),
+)
+
+# --- faults, most specific first: the first pattern that matches a line names its cause -----------
+_HW_XIDS = {48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120}
+"""Xids that mean hardware (ECC, fallen off the bus, NVLink, GSP). 13/31/43 are usually the program's fault."""
+_XID = _rx(r"\bXid\b(?: \([^)]*\))?[:,]?\s*(?P<xid>\d+)")
+_FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
+    (Cause.GPU_HW_ERROR, _rx(r"uncorrectable ECC error|ECCUncorrectable|fallen off the bus|GPU is lost|"
+                             r"NVML_ERROR_GPU_IS_LOST|Unable to determine the device handle for GPU|"
+                             r"GPU health\b.*\bCRITICAL", re.I)),
+    # Host memory: the cgroup OOM killer (slurmstepd, srun, the kernel) or an allocation refused outright.
+    (Cause.HOST_OOM, _rx(r"oom[-_]kill|Detected \d+ oom|[Ee]xceeded (?:job |step )?memory limit|"
+                         r"task \d+: Out Of Memory|DefaultCPUAllocator: (?:not enough memory|can't allocate)|"
+                         r"is killed by signal: Killed|Killed process \d+ .*total-vm")),
+    # Before NCCL: NCCL reports a CUDA OOM inside a collective as "Cuda failure 'out of memory'".
+    (Cause.GPU_OOM, _rx(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
+                        r"Cuda failure '?out of memory|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory")),
+    (Cause.DIVERGED, _rx(r"loss scale already at minimum|cannot decrease scale anymore|"
+                         r"\bloss(?: is|\s*[=:])?\s*[-+]?(?:nan|inf)\b|non-finite loss|FloatingPointError|"
+                         r"DivergenceError", re.I)),
+    (Cause.NCCL_ERROR, _rx(r"Watchdog caught collective operation timeout|\bNCCL error\b|DistBackendError|"
+                           r"DistNetworkError|nccl(?:System|Internal|UnhandledCuda|Remote)Error|"
+                           r"NCCL communicator was aborted|NCCL operations have failed or timed out|"
+                           r"NCCL watchdog thread terminated|"
+                           r"NCCL WARN .*(?:[Cc]onnection (?:closed|reset)|timed? ?out)|Connection closed by peer|"
+                           r"ProcessGroup\w*.*timed out|Timed out waiting for .*(?:rank|peer)")),
+)
+_CRASH = _rx(r"Segmentation fault|Fatal Python error|Illegal instruction|Bus error \(core dumped\)")
+
+# Python tracebacks: an exception line that none of the patterns above explains is a code error, unless
+# it is how a process reacts to being told to stop (the kill line explains those).
+_TRACEBACK = _rx(r"^Traceback \(most recent call last\):")
+_EXCEPTION = _rx(r"^(?P<exc>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_ECHO_EXCEPTIONS = _rx(r"KeyboardInterrupt|SystemExit|UncompletedJobError|SignalException|ChildFailedError|"
+                       r"got signal: ?(?:15|9)|Terminated")
+
+# "[rank1]: " (torch), "[rank 0/2] " (launch/), "0: " (srun --label)
+_PREFIX = _rx(r"^\s*(?:\[\s*rank\s*\d+(?:/\d+)?\s*\]:?\s?|\d+:\s)", re.I)
+_RANK_IN_LINE = _rx(r"\[\s*[Rr]ank\s*(\d+)(?:/\d+)?\s*\]|^\s*(\d+):\s|global_rank=(\d+)")
+_RANK_IN_NAME = _rx(r"_(\d+)_log\.(?:out|err)$")
+_STEP = _rx(r"\bstep[\s=:]*(\d+)", re.I)
+_HOST_FOR_RANK = (
+    _rx(r"hostname=(?P<host>[\w.-]+),.*global_rank=(?P<rank>\d+)"),  # submitit "Starting with JobEnvironment(...)"
+    _rx(r"\[rank (?P<rank>\d+)(?:/\d+)?\] host=(?P<host>[\w.-]+)"),  # launch/train.py's first line
+    _rx(r"srun: error: (?P<host>[\w.-]+): task (?P<rank>\d+):"),
+)
+_STEPD_HOST = _rx(r"\bslurmstepd-(?P<host>[\w.-]+?): ")  # Slurm 22.05 names the node: "slurmstepd-node1: error: ..."
+_NCCL_HOST = _rx(r"^(?P<host>[A-Za-z][\w.-]*):\d+:\d+ \[\d+\]")  # NCCL's "node2:1234:1290 [0] NCCL WARN ..."
+
+_ISO_TS = _rx(r"(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?")
+_GLOG_TS = _rx(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d+)")  # PyTorch prints nanoseconds
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_SYSLOG_TS = _rx(r"\b(" + "|".join(_MONTHS) + r") +(\d{1,2}) (\d{2}):(\d{2}):(\d{2})(?: (\d{4}))?")
+
+# Where a new attempt starts in an appended log; the first kind found in a file is used to cut it.
+ATTEMPT_START_MARKERS: Sequence[Pattern[str]] = (
+    _rx(r"submitit INFO \(.*\) - Starting with JobEnvironment"),
+    _rx(r"^\s*\[rank \d+/\d+\] host=\S+ job=\S+"),
+)
+
+
+def parse_timestamp(line: str, year: Optional[int] = None) -> Optional[_dt.datetime]:
+    """The first timestamp in ``line``; glog and syslog stamps have no year, so ``year`` supplies it."""
+    year = year or 2000
+    try:
+        if m := _ISO_TS.search(line):
+            y, mo, d, h, mi, s = (int(x) for x in m.groups()[:6])
+            return _dt.datetime(y, mo, d, h, mi, s, int((m.group(7) or "0").ljust(6, "0")[:6]))
+        if m := _GLOG_TS.search(line):
+            mo, d, h, mi, s = (int(x) for x in m.groups()[:5])
+            return _dt.datetime(year, mo, d, h, mi, s, int(m.group(6).ljust(6, "0")[:6]))
+        if m := _SYSLOG_TS.search(line):
+            return _dt.datetime(int(m.group(6) or year), _MONTHS.index(m.group(1)) + 1, int(m.group(2)),
+                                int(m.group(3)), int(m.group(4)), int(m.group(5)))
+    except ValueError:  # e.g. month 13 in something that only looked like a timestamp
+        return None
+    return None
+
+
+def _piece(log: LogText, numbered: Sequence[Tuple[int, str]]) -> LogText:
+    return LogText(log.name, "\n".join(line for _, line in numbered), tuple(n for n, _ in numbered))
+
+
+def split_attempts(log: LogText) -> List[LogText]:
+    """Cut an appended log into one piece per attempt (oldest first); lines before the first start go
+    with the first attempt. A log without start markers is one piece.
+
+    In a merged multi-rank log every rank prints its own start line, so a marker starts a new attempt
+    only when its rank already started in the current piece.
+    """
+    numbered = list(log.numbered_lines())
+    for marker in ATTEMPT_START_MARKERS:
+        starts = [i for i, (_, line) in enumerate(numbered) if marker.search(line)]
+        if not starts:
+            continue
+        cuts, ranks, seen = [0], set(), False
+        for i in starts:
+            rank = _rank_of(numbered[i][1])
+            if seen and (rank is None or rank in ranks):
+                cuts.append(i)
+                ranks = set()
+            seen = True
+            if rank is not None:
+                ranks.add(rank)
+        cuts.append(len(numbered))
+        return [_piece(log, numbered[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return [log]
+
+
+def split_by_time(log: LogText, starts: Sequence[_dt.datetime], year: Optional[int] = None,
+                  tolerance_s: float = 5.0) -> List[LogText]:
+    """One piece per attempt start (oldest first) for a log without start markers: each line goes to the
+    attempt that was running at the last timestamp seen (lines before any timestamp go with the next)."""
+    pieces: List[List[Tuple[int, str]]] = [[] for _ in starts]
+    waiting: List[Tuple[int, str]] = []
+    current: Optional[int] = None
+    slack = _dt.timedelta(seconds=tolerance_s)
+    for number, line in log.numbered_lines():
+        ts = parse_timestamp(line, year)
+        if ts is not None and starts:
+            current = max((i for i, s in enumerate(starts) if ts >= s - slack), default=0)
+            pieces[current].extend(waiting)
+            waiting = []
+        (waiting if current is None else pieces[current]).append((number, line))
+    if waiting and pieces:
+        pieces[-1].extend(waiting)
+    return [_piece(log, p) for p in pieces]
+
+
+def _classify_line(line: str) -> Optional[Tuple[Cause, str, Optional[str]]]:
+    """(cause, kind, node named by the kill line) for one line, or None."""
+    m = _SLURM_CANCEL.search(line)
+    if m:
+        cause = _DUE_TO.get(m.group("why"))
+        return (cause, KILL, m.group("node")) if cause else None
+    for cause, pattern in _KILLS:
+        m = pattern.search(line)
+        if m:
+            return cause, KILL, m.groupdict().get("node")
+    m = _XID.search(line)
+    if m and int(m.group("xid")) in _HW_XIDS:
+        return Cause.GPU_HW_ERROR, FAULT, None
+    for cause, pattern in _FAULTS:
+        if pattern.search(line):
+            return cause, FAULT, None
+    if _CRASH.search(line):
+        return Cause.CODE_ERROR, FAULT, None
+    return None
+
+
+def _rank_of(line: str) -> Optional[int]:
+    m = _RANK_IN_LINE.search(line)
+    if not m:
+        return None
+    return int(next(g for g in m.groups() if g is not None))
+
+
+def _only_rank(text: str) -> Optional[int]:
+    """The rank of a single-rank log, read from its start lines (submitit, launch/train.py); None if mixed."""
+    ranks = {int(m.group("rank")) for line in text.splitlines() for p in _HOST_FOR_RANK[:2]
+             for m in [p.search(line)] if m}
+    return ranks.pop() if len(ranks) == 1 else None
+
+
+def host_by_rank(texts: Sequence[str]) -> Dict[int, str]:
+    """``{rank: host}`` from the lines that say where each rank runs (submitit, launch/train.py, srun)."""
+    found: Dict[int, str] = {}
+    for text in texts:
+        for line in text.splitlines():
+            for pattern in _HOST_FOR_RANK:
+                m = pattern.search(line)
+                if m:
+                    found.setdefault(int(m.group("rank")), m.group("host"))
+    return found
+
+
+def _node_in(line: str, known_nodes: Sequence[str]) -> Optional[str]:
+    m = _NCCL_HOST.match(line) or _STEPD_HOST.search(line)
+    if m:
+        return m.group("host")
+    for node in sorted(known_nodes, key=len, reverse=True):  # node10 before node1
+        if re.search(rf"(?<![\w-]){re.escape(node)}(?![\w-])", line):
+            return node
+    return None
+
+
+def scan_log(log: LogText, source_index: int = 0, known_nodes: Sequence[str] = (),
+             hosts: Optional[Dict[int, str]] = None, year: Optional[int] = None) -> List[Finding]:
+    """Every line of ``log`` that names a cause, in order."""
+    hosts = hosts or {}
+    m = _RANK_IN_NAME.search(log.name)
+    file_rank = int(m.group(1)) if m else _only_rank(log.text)
+    findings: List[Finding] = []
+    in_traceback = False
+    for line_no, raw in log.numbered_lines():
+        line = raw.rstrip()
+        body = _PREFIX.sub("", line, count=1)
+        # Inside a traceback the indented lines are source code ('raise FloatingPointError("loss is nan")'),
+        # not messages: only the exception line that ends it speaks.
+        indented = in_traceback and body.startswith((" ", "\t"))
+        hit = None if indented else _classify_line(line)
+        if _TRACEBACK.match(body.strip()):
+            in_traceback = True
+        elif in_traceback and not body.startswith((" ", "\t")) and _EXCEPTION.match(body.strip()):
+            # The exception line ends the traceback (interleaved lines of other ranks do not).
+            in_traceback = False
+            if hit is None and not _ECHO_EXCEPTIONS.search(body):
+                hit = (Cause.CODE_ERROR, FAULT, None)
+        if hit is None:
+            continue
+        cause, kind, node = hit
+        rank = _rank_of(line)
+        rank = file_rank if rank is None else rank
+        node = node or _node_in(body, known_nodes) or (hosts.get(rank) if rank is not None else None)
+        step = _STEP.search(line)
+        findings.append(Finding(cause, kind, log.name, source_index, line_no, line.strip()[:300],
+                                parse_timestamp(line, year), rank, node,
+                                int(step.group(1)) if step and cause == Cause.DIVERGED else None))
+    return findings
+
+
+def scan_logs(logs: Sequence[LogText], known_nodes: Sequence[str] = (), year: Optional[int] = None) -> List[Finding]:
+    """Findings of several logs (per-rank files, or one merged log); ranks are mapped to hosts across them."""
+    hosts = host_by_rank([log.text for log in logs])
+    findings: List[Finding] = []
+    for i, log in enumerate(logs):
+        findings.extend(scan_log(log, i, known_nodes, hosts, year))
+    return findings

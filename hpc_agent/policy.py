@@ -1,0 +1,312 @@
+"""What to do about an attempt's end: (cause, history, config) -> decision + config patch. Pure.
+
+A *patch* is ``{dotted.key: new value}`` (``{"train.micro_batch_size": 4, "train.grad_accum_steps": 2}``);
+:func:`apply_patch` turns it into a new, validated :class:`Config`, and the same dict can be written as
+``key=value`` overrides. Actions:
+
+- ``wait``: nothing ended (running, pending, unknown: a silent sacct is never a reason to act);
+- ``done``: completed;
+- ``requeue``: run the same job again from the newest checkpoint, config unchanged (``scontrol requeue``
+  if Slurm did not requeue it already); ``expedite`` asks for ``scontrol update JobId=N StartTime=now``,
+  because a requeued job otherwise waits 121 s before it may start;
+- ``resubmit``: a new job with the patched config (node exclusions, memory, batch ladder, LR), resuming
+  from the newest checkpoint or from ``rollback_to_step``;
+- ``stop``: give up and report (code errors, cancellations, exhausted budgets, no progress).
+
+Budgets: a retry budget per cause and an overall one (``watch.max_retries``). Preemptions are free (not
+the run's fault), and so are timeouts that saved a newer checkpoint (a long run needs many). The
+no-progress guard stops a run whose last two attempts (preemptions aside) wrote no new checkpoint while
+nothing was changed between them: repeating the same thing a third time will not help.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from hpc_agent.config.load import build_config, to_dict
+from hpc_agent.config.schema import Config, TrainConfig
+from hpc_agent.diagnosis.causes import Cause
+from hpc_agent.slurm.sacct import expand_hostlist
+
+WAIT, DONE, REQUEUE, RESUBMIT, STOP = "wait", "done", "requeue", "resubmit", "stop"
+ACTIONS = (WAIT, DONE, REQUEUE, RESUBMIT, STOP)
+
+DEFAULT_PER_CAUSE: Mapping[str, Optional[int]] = {
+    "preempted": None,  # None: unlimited
+    "timeout": None,    # unlimited while it progresses; the no-progress guard catches hangs
+    "node_fail": 3, "gpu_hw_error": 3, "nccl_error": 3, "host_oom": 3, "diverged": 3,
+    "gpu_oom": 12,      # the ladder itself ends: log2(micro_batch_size) + at most 6 rungs
+}
+
+
+@dataclass(frozen=True)
+class PastAttempt:
+    """One earlier attempt of the run, as the ledger remembers it (oldest first in ``history``)."""
+
+    job_id: str
+    cause: str
+    action: str = ""
+    """What was decided after it ("" if nothing was, e.g. Slurm requeued it on its own)."""
+    patch: Mapping[str, Any] = field(default_factory=dict)
+    """The config patch applied for the *next* attempt."""
+    made_progress: Optional[bool] = None
+    """A newer complete checkpoint exists after this attempt; None when unknown."""
+
+
+@dataclass(frozen=True)
+class Situation:
+    """Facts about the attempt being decided on, beyond its cause."""
+
+    job_id: str = ""
+    made_progress: Optional[bool] = None
+    checkpoint_steps: Tuple[int, ...] = ()
+    """Steps of the complete checkpoints on disk (for a divergence rollback)."""
+    nodes: Tuple[str, ...] = ()
+    bad_nodes: Tuple[str, ...] = ()
+    divergence_step: Optional[int] = None
+    requeued_after: Optional[str] = None
+    """For a pending attempt: the cause after which Slurm requeued the job itself (e.g. preempted)."""
+
+
+@dataclass(frozen=True)
+class PolicyLimits:
+    per_cause: Mapping[str, Optional[int]] = field(default_factory=lambda: dict(DEFAULT_PER_CAUSE))
+    max_mem_mb: Optional[int] = None
+    """The most ``--mem`` the partition allows (MaxMemPerNode, or the nodes' RealMemory); None: unknown."""
+    mem_factor: float = 1.5
+    lr_factor: float = 0.5
+    no_progress_attempts: int = 2
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    cause: str
+    reason: str
+    patch: Dict[str, Any] = field(default_factory=dict)
+    expedite: bool = False
+    rollback_to_step: Optional[int] = None
+    """Resume from this checkpoint instead of the newest (divergence); None: the newest."""
+    rollback_before_step: Optional[int] = None
+    """The divergence step: resume from a checkpoint older than this one."""
+    needs_universal_checkpoint: bool = False
+    """The patch changes the ZeRO stage, so the checkpoint may need a universal conversion to load
+    (informational: launch/ converts by itself when it must, see docs/exit_codes.md)."""
+    free: bool = False
+    """Does not count against the overall retry budget."""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"action": self.action, "cause": self.cause, "reason": self.reason, "patch": dict(self.patch),
+                "expedite": self.expedite, "rollback_to_step": self.rollback_to_step,
+                "rollback_before_step": self.rollback_before_step,
+                "needs_universal_checkpoint": self.needs_universal_checkpoint, "free": self.free}
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+_MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_mem_mb(mem: Optional[str]) -> Optional[int]:
+    """Slurm ``--mem`` to MB: ``4G`` -> 4096, ``16000M`` -> 16000, ``4000`` -> 4000 (MB is the default unit)."""
+    m = re.match(r"^\s*(\d+)\s*([KMGT]?)B?\s*$", str(mem or ""), re.I)
+    if not m:
+        return None
+    return math.ceil(int(m.group(1)) * _MEM_UNITS[(m.group(2) or "M").upper()])
+
+
+def format_mem(mb: int) -> str:
+    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
+
+
+def merge_exclude(existing: Optional[str], nodes: Sequence[str]) -> Optional[str]:
+    """``slurm.exclude`` plus ``nodes``, without duplicates (a ``node[1-3]`` already there is expanded)."""
+    merged = dict.fromkeys(expand_hostlist(existing or "") + [n for n in nodes if n])
+    return ",".join(merged) or None
+
+
+def _smallest_factor(n: int) -> int:
+    return next(p for p in range(2, n + 1) if n % p == 0)
+
+
+def gpu_oom_rung(train: TrainConfig, ranks: int, offload_allowed: bool = True) -> Optional[Tuple[Dict[str, Any], str]]:
+    """The next rung of the GPU memory ladder (the global batch is kept), or None when it is exhausted."""
+    mbs, accum = train.micro_batch_size, train.grad_accum_steps
+    if mbs > 1:
+        p = _smallest_factor(mbs)  # halves an even size; an odd one loses its smallest factor, exactly
+        return ({"train.micro_batch_size": mbs // p, "train.grad_accum_steps": accum * p},
+                f"micro_batch_size {mbs} -> {mbs // p}, grad_accum_steps {accum} -> {accum * p} (same global batch)")
+    if not train.activation_checkpointing:
+        return {"train.activation_checkpointing": True}, "turn on activation checkpointing (~1/3 more compute)"
+    # ZeRO shards states across data-parallel ranks: with one rank there is nothing to shard over.
+    if ranks > 1 and train.zero_stage < 3:
+        return ({"train.zero_stage": train.zero_stage + 1},
+                f"ZeRO stage {train.zero_stage} -> {train.zero_stage + 1} (shard more state across {ranks} ranks)")
+    if offload_allowed and train.offload == "none":
+        stage = max(2, train.zero_stage)
+        return ({"train.offload": "optimizer", "train.zero_stage": stage},
+                f"offload the optimizer state to CPU memory (ZeRO-{stage})")
+    if offload_allowed and train.offload == "optimizer":
+        return ({"train.offload": "optimizer+params", "train.zero_stage": 3},
+                "offload parameters too (ZeRO-3)")
+    return None
+
+
+def _host_oom_fix(cfg: Config, limits: PolicyLimits, offload_allowed: bool) -> Optional[Tuple[Dict[str, Any], str]]:
+    current = parse_mem_mb(cfg.slurm.mem)
+    cap = limits.max_mem_mb
+    if current is None and cap is not None:
+        return {"slurm.mem": format_mem(cap)}, f"--mem was the partition default; ask for the maximum {format_mem(cap)}"
+    if current is not None and (cap is None or current < cap):
+        wanted = math.ceil(current * limits.mem_factor)
+        if wanted % 1024 and wanted > 1024:
+            wanted = math.ceil(wanted / 1024) * 1024  # whole GB read better and cost nothing
+        new = min(wanted, cap) if cap is not None else wanted
+        return {"slurm.mem": format_mem(new)}, f"--mem {cfg.slurm.mem} -> {format_mem(new)}"
+    if offload_allowed and cfg.train.offload != "none":
+        less = "optimizer" if cfg.train.offload == "optimizer+params" else "none"
+        return {"train.offload": less}, f"offload less to CPU memory: train.offload {cfg.train.offload} -> {less}"
+    return None
+
+
+def _rollback(situation: Situation) -> Optional[int]:
+    steps = sorted(situation.checkpoint_steps)
+    if situation.divergence_step is not None:
+        before = [s for s in steps if s < situation.divergence_step]
+        return before[-1] if before else (0 if steps else None)  # 0: no checkpoint before it, start over
+    # Unknown divergence step: the newest checkpoint may already hold the bad weights; go one back.
+    return steps[-2] if len(steps) >= 2 else None
+
+
+def _no_progress_streak(history: Sequence[PastAttempt], cause: str, situation: Situation) -> int:
+    """Attempts at the end of the run that wrote no new checkpoint with an unchanged config."""
+    entries = [(h.cause, h.made_progress, bool(history[i - 1].patch) if i else False) for i, h in enumerate(history)]
+    entries.append((cause, situation.made_progress, bool(history[-1].patch) if history else False))
+    streak = 0
+    for past_cause, progress, started_by_patch in reversed(entries):
+        if past_cause == Cause.PREEMPTED:
+            continue
+        if progress is not False:  # progress, or unknown: do not guess a hang
+            break
+        streak += 1
+        if started_by_patch:
+            break
+    return streak
+
+
+def _costs(h: PastAttempt) -> bool:
+    free = h.cause == Cause.PREEMPTED or (h.cause == Cause.TIMEOUT and h.made_progress is True)
+    return h.action in (REQUEUE, RESUBMIT) and not free
+
+
+# --- the policy -------------------------------------------------------------------------------------
+def _rule(cause: Cause, history: Sequence[PastAttempt], cfg: Config, situation: Situation,
+          limits: PolicyLimits) -> Decision:
+    """What the cause alone calls for, before budgets."""
+    c = cause.value
+    past = {h.cause for h in history}
+    if cause == Cause.PREEMPTED:
+        return Decision(REQUEUE, c, "preempted: requeue and resume from the newest checkpoint",
+                        expedite=True, free=True)
+    if cause == Cause.TIMEOUT:
+        return Decision(REQUEUE, c, "time limit reached: resume from the newest checkpoint", expedite=True,
+                        free=situation.made_progress is True)
+    if cause in (Cause.NODE_FAIL, Cause.GPU_HW_ERROR):
+        nodes = list(situation.bad_nodes) or (list(situation.nodes) if len(situation.nodes) == 1 else [])
+        if not nodes:
+            return Decision(REQUEUE, c, f"{c} on an unnamed node: requeue (Slurm drains failed nodes)", expedite=True)
+        exclude = merge_exclude(cfg.slurm.exclude, nodes)
+        return Decision(RESUBMIT, c, f"{c} on {','.join(nodes)}: resubmit excluding it (slurm.exclude={exclude})",
+                        {"slurm.exclude": exclude})
+    if cause == Cause.NCCL_ERROR:
+        if Cause.NCCL_ERROR not in past:
+            return Decision(REQUEUE, c, "first collective failure: resume once (often transient)", expedite=True)
+        if not situation.bad_nodes:
+            return Decision(STOP, c, "collective communication failed again and no log line names a node: "
+                                     "check the interconnect (NCCL_DEBUG=INFO) before resubmitting")
+        exclude = merge_exclude(cfg.slurm.exclude, situation.bad_nodes)
+        return Decision(RESUBMIT, c, f"collective failed again: exclude the nodes involved (slurm.exclude={exclude})",
+                        {"slurm.exclude": exclude})
+    if cause == Cause.GPU_OOM:
+        ranks = cfg.slurm.nodes * cfg.slurm.tasks_per_node
+        rung = gpu_oom_rung(cfg.train, ranks, offload_allowed=Cause.HOST_OOM not in past)
+        if rung is None:
+            return Decision(STOP, c, "GPU out of memory with micro_batch_size=1, activation checkpointing, "
+                                     f"ZeRO-{cfg.train.zero_stage} and offload={cfg.train.offload}: nothing left to "
+                                     "trade; shrink the model (model.*) or use more or larger GPUs")
+        patch, what = rung
+        return Decision(RESUBMIT, c, f"GPU out of memory: {what}", patch,
+                        needs_universal_checkpoint="train.zero_stage" in patch
+                        and patch["train.zero_stage"] != cfg.train.zero_stage)
+    if cause == Cause.HOST_OOM:
+        fix = _host_oom_fix(cfg, limits, offload_allowed=Cause.GPU_OOM not in past)
+        if fix is None:
+            return Decision(STOP, c, f"host out of memory at --mem {cfg.slurm.mem} (the most the partition allows) "
+                                     "and nothing offloaded: lower train.micro_batch_size or use nodes with more memory")
+        patch, what = fix
+        return Decision(RESUBMIT, c, f"host out of memory: {what}", patch)
+    if cause == Cause.DIVERGED:
+        lr = cfg.train.lr * limits.lr_factor
+        step = _rollback(situation)
+        where = f"checkpoint of step {step}" if step is not None else (
+            f"the last checkpoint before step {situation.divergence_step}" if situation.divergence_step is not None
+            else "the last checkpoint before the divergence")
+        return Decision(RESUBMIT, c, f"training diverged: roll back to {where}, train.lr {cfg.train.lr:g} -> {lr:g}",
+                        {"train.lr": lr}, rollback_to_step=step, rollback_before_step=situation.divergence_step)
+    raise ValueError(f"no rule for cause {c!r}")
+
+
+def decide(cause: str | Cause, history: Sequence[PastAttempt], cfg: Config, situation: Situation = Situation(),
+           limits: PolicyLimits = PolicyLimits()) -> Decision:
+    """The decision for an attempt whose diagnosis is ``cause``; ``history`` holds the run's *earlier* attempts."""
+    cause = Cause(cause)
+    c = cause.value
+    if cause == Cause.COMPLETED:
+        return Decision(DONE, c, "completed")
+    if cause == Cause.PENDING and situation.requeued_after in (Cause.PREEMPTED, Cause.NODE_FAIL, Cause.TIMEOUT):
+        return Decision(WAIT, c, f"Slurm requeued it after {situation.requeued_after}: skip the 121 s requeue delay",
+                        expedite=True, free=True)
+    if cause in (Cause.RUNNING, Cause.PENDING, Cause.UNKNOWN):
+        return Decision(WAIT, c, {"unknown": "state unknown (sacct failed or has no record): wait, never requeue"}
+                        .get(c, f"{c}: wait"), free=True)
+    if cause == Cause.CODE_ERROR:
+        return Decision(STOP, c, "code error: requeueing would fail the same way; fix it and resubmit")
+    if cause == Cause.CANCELLED:
+        return Decision(STOP, c, "cancelled by a person: not requeued")
+
+    proposed = _rule(cause, history, cfg, situation, limits)
+    if proposed.action not in (REQUEUE, RESUBMIT):
+        return proposed
+    if not cfg.watch.enabled:
+        if cause == Cause.PREEMPTED:
+            return Decision(WAIT, c, "preempted; watch.enabled is false, so only Slurm's own requeue applies",
+                            free=True)
+        return Decision(STOP, c, f"{proposed.reason} -- but watch.enabled is false: not acting")
+    budget = limits.per_cause.get(c)
+    used = sum(1 for h in history if h.cause == c and h.action in (REQUEUE, RESUBMIT))
+    if budget is not None and used >= budget:
+        return Decision(STOP, c, f"retry budget for {c} used up ({used} of {budget}); last idea was: {proposed.reason}")
+    spent = sum(1 for h in history if _costs(h))
+    if not proposed.free and spent >= cfg.watch.max_retries:
+        return Decision(STOP, c, f"overall retry budget used up ({spent} of watch.max_retries={cfg.watch.max_retries})")
+    if not proposed.patch and cause != Cause.PREEMPTED:
+        streak = _no_progress_streak(history, c, situation)
+        if streak >= limits.no_progress_attempts:
+            return Decision(STOP, c, f"no progress: {streak} attempts in a row ended without a new checkpoint "
+                                     f"and nothing was changed between them (last: {c}); look at the log before "
+                                     "resubmitting")
+    return proposed
+
+
+def apply_patch(cfg: Config, patch: Mapping[str, Any]) -> Config:
+    """``cfg`` with ``patch`` applied, validated again (raises ConfigError listing every problem)."""
+    return build_config([to_dict(cfg), dict(patch)])
+
+
+def patch_as_overrides(patch: Mapping[str, Any]) -> list[str]:
+    """``{"train.lr": 0.0001}`` -> ``["train.lr=0.0001"]`` (for ``submit`` and the ledger)."""
+    def fmt(v: Any) -> str:
+        return "null" if v is None else ("true" if v is True else "false" if v is False else str(v))
+
+    return [f"{k}={fmt(v)}" for k, v in patch.items()]

@@ -1,0 +1,261 @@
+"""Classification: log lines -> findings, the root cause across ranks, alarms, the exit code table."""
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+import pytest
+
+from hpc_agent.diagnosis.alarms import (LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm, alarms_from_scalars,
+                                        latest_run)
+from hpc_agent.diagnosis.causes import ADVICE, ALL_CAUSES, SUMMARY, Cause
+from hpc_agent.diagnosis.classify import choose_root, classify_attempt, classify_job, logs_per_attempt
+from hpc_agent.diagnosis.exit_codes import EXIT_CODES, as_table, cause_for_exit
+from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, LogText, host_by_rank, parse_timestamp, scan_log,
+                                         split_attempts, split_by_time)
+from hpc_agent.slurm.sacct import attempts_of, parse_sacct
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def attempts(name: str, job_id: str):
+    return attempts_of(parse_sacct((DATA / "sacct" / name).read_text()), job_id)
+
+
+def log(name: str) -> LogText:
+    return LogText(Path(name).name, (DATA / "logs" / name).read_text())
+
+
+# --- single lines -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("line,cause,kind", [
+    ("slurmstepd: error: *** JOB 123 ON node1 CANCELLED AT 2026-11-30T12:00:13 DUE TO TIME LIMIT ***", "timeout", KILL),
+    ("slurmstepd: error: *** JOB 123 ON node2 CANCELLED AT 2026-11-30T12:00:13 DUE TO PREEMPTION ***", "preempted", KILL),
+    ("slurmstepd: error: *** JOB 123 ON node1 CANCELLED AT 2026-11-30T12:00:13 DUE TO JOB REQUEUE ***", "preempted", KILL),
+    ("slurmstepd-node1: error: *** JOB 7 ON node1 CANCELLED AT 2026-11-30T10:30:14 DUE TO NODE FAILURE, SEE SLURMCTLD "
+     "LOG FOR DETAILS ***", "node_fail", KILL),
+    ("slurmstepd: error: *** JOB 123 ON node1 CANCELLED AT 2026-11-30T12:00:13 ***", "cancelled", KILL),
+    ("srun: error: Node failure on node2", "node_fail", KILL),
+    ("submitit WARNING (2026-11-30 17:58:03,010) - Caught signal SIGUSR2 on node1: this job is timed-out.", "timeout", KILL),
+    ("submitit WARNING (2026-11-30 17:58:03,010) - Caught signal SIGUSR2 on node1: this job is preempted.", "preempted", KILL),
+    ("slurmstepd: error: Detected 1 oom_kill event in StepId=123.0. Some of the step tasks have been OOM Killed.",
+     "host_oom", FAULT),
+    ("slurmstepd: error: Detected 2 oom-kill event(s) in StepId=5.batch.", "host_oom", FAULT),
+    ("slurmstepd: error: Job 41176 exceeded memory limit (3940736 > 2068480), being killed", "host_oom", FAULT),
+    ("[Mon Nov 30 12:00:00 2026] Memory cgroup out of memory: Killed process 4242 (python) total-vm:9000kB", "host_oom",
+     FAULT),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "gpu_oom", FAULT),
+    ("node1:1:2 [0] NCCL WARN Cuda failure 'out of memory'", "gpu_oom", FAULT),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "gpu_oom", FAULT),
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=48213, name=python, GPU has fallen off the bus.", "gpu_hw_error", FAULT),
+    ("NVRM: Xid (PCI:0000:65:00): 48, pid=1, name=python, An uncorrectable double bit error (DBE) has been detected",
+     "gpu_hw_error", FAULT),
+    ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu_hw_error", FAULT),
+    ("pynvml.NVMLError_GpuIsLost: GPU is lost", "gpu_hw_error", FAULT),
+    ("[rank 0] step 57 loss nan", "diverged", FAULT),
+    ("step=12 loss=inf lr=3e-4", "diverged", FAULT),
+    ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.", "diverged", FAULT),
+    ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE)", "nccl_error", FAULT),
+    ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+     "nccl_error", FAULT),
+    ("node2:30877:30950 [0] NCCL WARN NET/IB : Connection closed by remote peer node1<41742>", "nccl_error", FAULT),
+    ("Fatal Python error: Segmentation fault", "code_error", FAULT),
+])
+def test_single_lines(line, cause, kind):
+    findings = scan_log(LogText("x.log", line))
+    assert [(f.cause.value, f.kind) for f in findings] == [(cause, kind)]
+
+
+@pytest.mark.parametrize("line", [
+    "[rank 0] step 10 loss 2.3311",
+    "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+    "node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] via P2P/IPC",
+    "NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception",  # Xid 13: usually the program, not the GPU
+    "srun: error: node1: task 0: Exited with exit code 1",
+    "train/loss_scale 1.0 at step 5",
+    "submitit WARNING (2026-11-30 10:48:40,502) - Bypassing signal SIGTERM",
+])
+def test_harmless_lines(line):
+    assert scan_log(LogText("x.log", line)) == []
+
+
+def test_traceback_exception_line_is_a_code_error_but_signal_echoes_are_not():
+    text = ("Traceback (most recent call last):\n  File \"a.py\", line 1, in <module>\n    raise KeyboardInterrupt\n"
+            "KeyboardInterrupt\n"
+            "Traceback (most recent call last):\n  File \"b.py\", line 2\n    raise FloatingPointError('loss is nan')\n"
+            "FloatingPointError: loss is nan\n"
+            "Traceback (most recent call last):\n  File \"c.py\", line 3\nsubmitit.core.utils.UncompletedJobError: "
+            "Job not requeued because: timed-out and not checkpointable.\n")
+    findings = scan_log(LogText("x.log", text))
+    # Only the exception line speaks (not the indented 'raise FloatingPointError(...)' source line).
+    assert [(f.cause.value, f.line_no) for f in findings] == [("diverged", 8)]
+
+
+def test_interleaved_rank_lines_do_not_end_a_traceback():
+    text = "Traceback (most recent call last):\n[rank 1] step 3 loss 2.0\n  File \"a.py\", line 1\nKeyError: 'x'\n"
+    assert [(f.cause.value, f.line_no) for f in scan_log(LogText("x.log", text))] == [("code_error", 4)]
+
+
+def test_rank_node_and_timestamp_of_a_finding():
+    text = ("submitit INFO (2026-11-30 11:00:09,402) - Starting with JobEnvironment(job_id=112, hostname=node2, "
+            "local_rank=0(1), node=1(2), global_rank=1(2))\n"
+            "[rank1]:[E1130 11:12:40.482113816 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=2045)\n")
+    (finding,) = scan_log(LogText("112_1_log.out", text), hosts=host_by_rank([text]), year=2026)
+    assert (finding.rank, finding.node) == (1, "node2")
+    assert finding.timestamp == dt.datetime(2026, 11, 30, 11, 12, 40, 482113)
+    assert finding.where() == "112_1_log.out:2 [rank 1, node2]"
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("slurmstepd: error: *** JOB 1 ON n CANCELLED AT 2026-11-30T12:00:13 ***", dt.datetime(2026, 11, 30, 12, 0, 13)),
+    ("[2026-11-30 13:01:02,480] [INFO] x", dt.datetime(2026, 11, 30, 13, 1, 2, 480000)),
+    ("[rank0]:[E1130 11:12:40.482113816 ProcessGroupNCCL.cpp:616]", dt.datetime(2026, 11, 30, 11, 12, 40, 482113)),
+    ("I1130 09:00:01.5 x", dt.datetime(2026, 11, 30, 9, 0, 1, 500000)),
+    ("[Sun Nov 30 11:20:03 2026] NVRM: Xid", dt.datetime(2026, 11, 30, 11, 20, 3)),
+    ("Nov 30 11:20:03 node1 kernel: NVRM: Xid", dt.datetime(2026, 11, 30, 11, 20, 3)),
+    ("[rank 0] step 10 loss 2.0", None),
+    ("2026-13-45 10:00:00 not a date", None),
+])
+def test_parse_timestamp(line, expected):
+    assert parse_timestamp(line, year=2026) == expected
+
+
+# --- appended logs: one piece per attempt -----------------------------------------------------------------------
+def test_split_attempts_by_submitit_start_lines():
+    pieces = split_attempts(log("requeued_114_0_log.out"))
+    assert len(pieces) == 3
+    assert "DUE TO PREEMPTION" in pieces[0].text and "node1" in pieces[0].text
+    assert pieces[1].line_numbers[0] == 5  # evidence keeps the file's line numbers
+    assert "step 2400" in pieces[2].text
+
+
+def test_split_attempts_merged_ranks_are_one_attempt():
+    assert len(split_attempts(log("multirank_merged.log"))) == 1
+    doubled = log("multirank_merged.log").text + "\n" + log("multirank_merged.log").text
+    assert len(split_attempts(LogText("m.log", doubled))) == 2
+
+
+def test_split_by_time_without_markers_recorded():
+    starts = [dt.datetime(2026, 11, 30, 10, 26, 48), dt.datetime(2026, 11, 30, 10, 30, 16)]
+    first, second = split_by_time(log("preempted_then_cancelled.log"), starts)
+    assert "DUE TO PREEMPTION" in first.text and "DUE TO PREEMPTION" not in second.text
+    assert "10:30:17 ***" in second.text
+
+
+def test_logs_per_attempt_skip_a_pending_attempt():
+    tries = attempts("requeued_pending.txt", "115")
+    shares = logs_per_attempt(tries, [log("requeued_115_0_log.out")])
+    assert len(shares[0]) == 1 and shares[1] == []  # the pending attempt has written nothing yet
+
+
+def test_logs_per_attempt_tail_lost_the_oldest_attempt():
+    tries = attempts("requeued_3_attempts.txt", "114")
+    tail = LogText("t.log", "\n".join(log("requeued_114_0_log.out").text.splitlines()[4:]))  # attempt 1 cut off
+    shares = logs_per_attempt(tries, [tail])
+    assert shares[0] == [] and "node2" in shares[1][0].text and "step 2400" in shares[2][0].text
+
+
+# --- root cause --------------------------------------------------------------------------------------------
+def finding(cause, source=0, line=1, ts=None, kind=FAULT):
+    return Finding(Cause(cause), kind, f"r{source}", source, line, cause, ts)
+
+
+def test_choose_root_orders_by_line_in_one_log_and_by_time_across_logs():
+    t = dt.datetime(2026, 1, 1, 10)
+    assert choose_root([finding("nccl_error", 0, 1), finding("gpu_oom", 0, 9)]).cause == "nccl_error"
+    assert choose_root([finding("gpu_oom", 0, 9, t + dt.timedelta(seconds=5)),
+                        finding("nccl_error", 1, 1, t)]).cause == "nccl_error"
+    # Unordered: the primary fault is the likelier root cause.
+    assert choose_root([finding("nccl_error", 1, 1, t), finding("gpu_oom", 0, 9)]).cause == "gpu_oom"
+    assert choose_root([finding("code_error", 0, 2), finding("nccl_error", 1, 1)]).cause == "code_error"
+    assert choose_root([]) is None
+
+
+def test_no_attempt_is_unknown():
+    d = classify_attempt(None, job_id="77")
+    assert (d.cause, d.job_id) == (Cause.UNKNOWN, "77") and "no record" in d.evidence[0]
+    assert classify_job([], job_id="77")[0].cause == Cause.UNKNOWN
+
+
+def test_running_job_with_nan_loss_is_running_with_a_warning():
+    (attempt,) = attempts("running.txt", "102")
+    d = classify_attempt(attempt, [LogText("l", "[rank 0] step 57 loss nan")])
+    assert d.cause == Cause.RUNNING and any(e.startswith("warning:") for e in d.evidence)
+
+
+def test_tensorboard_alarm_on_a_timed_out_attempt_wins():
+    (attempt,) = attempts("timeout.txt", "105")
+    d = classify_attempt(attempt, [log("timeout_limit.log")], [Alarm(NONFINITE_LOSS, 2500, "train/loss is nan at step 2500")])
+    assert d.cause == Cause.DIVERGED and d.divergence_step == 2500
+
+
+def test_classify_job_gives_each_attempt_its_share_of_the_log():
+    ds = classify_job(attempts("requeued_3_attempts.txt", "114"), [log("requeued_114_0_log.out")])
+    assert [d.cause.value for d in ds] == ["preempted", "preempted", "running"]
+    assert "CANCELLED AT 2026-11-30T15:51:32 DUE TO PREEMPTION" in ds[1].evidence[1]
+
+
+def test_diagnosis_to_dict_is_json_ready():
+    (attempt,) = attempts("node_fail.txt", "7")
+    d = classify_attempt(attempt, [log("node_fail.log")]).to_dict()
+    assert d["cause"] == "node_fail" and d["bad_nodes"] == ["node2"] and d["nodes"] == ["node1", "node2"]
+
+
+# --- alarms ------------------------------------------------------------------------------------------------
+def test_alarms_nonfinite_loss_first_step():
+    (alarm,) = alarms_from_scalars([(1, 3.0), (2, math.inf), (3, math.nan)])
+    assert (alarm.kind, alarm.step) == (NONFINITE_LOSS, 2)
+
+
+def test_alarms_only_the_run_since_the_last_restart():
+    assert latest_run([(5, 1.0), (6, 1.0), (3, 1.0), (4, 1.0)]) == [(3, 1.0), (4, 1.0)]
+    assert alarms_from_scalars([(5, math.nan), (3, 1.0), (4, 1.0)]) == []
+
+
+def test_alarms_loss_scale_stuck():
+    (alarm,) = alarms_from_scalars(loss_scale=[(1, 4.0), (2, 1.0), (3, 1.0), (4, 1.0)], min_loss_scale=1.0)
+    assert (alarm.kind, alarm.step) == (LOSS_SCALE_AT_MINIMUM, 2)
+    assert alarms_from_scalars(loss_scale=[(1, 1.0), (2, 1.0), (3, 2.0)]) == []  # it recovered
+    assert alarms_from_scalars(loss_scale=[(1, 1.0), (2, 1.0)]) == []  # too short to call it stuck
+
+
+# --- the taxonomy and the exit code table ----------------------------------------------------------------------
+def test_every_cause_has_words():
+    assert ALL_CAUSES == ("completed", "running", "pending", "preempted", "timeout", "node_fail", "host_oom", "gpu_oom",
+                          "nccl_error", "gpu_hw_error", "diverged", "cancelled", "code_error", "unknown")
+    assert set(SUMMARY) == set(ADVICE) == set(ALL_CAUSES)
+    assert f"{Cause.GPU_OOM}" == "gpu_oom"
+
+
+def test_exit_code_table_agrees_with_launch():
+    """launch/exitcodes.py (torch-free constants) and the classifier's table name the same codes."""
+    from launch import exitcodes
+
+    produced = {code for code in exitcodes.NAMES if code != exitcodes.OK}
+    assert produced == {code for code, m in EXIT_CODES.items() if not m.placeholder}
+    assert EXIT_CODES[exitcodes.OUT_OF_MEMORY].cause == Cause.GPU_OOM
+    assert EXIT_CODES[exitcodes.DIVERGED].cause == Cause.DIVERGED
+    assert EXIT_CODES[exitcodes.PREEMPTED].cause == Cause.TIMEOUT  # FAILED 75: SIGUSR2 (PREEMPTED/CANCELLED come first)
+    assert {EXIT_CODES[c].cause for c in (exitcodes.CRASHED, exitcodes.CONFIG, exitcodes.UNAVAILABLE)} == {Cause.CODE_ERROR}
+    assert not set(EXIT_CODES) & ({2, 125, 126, 127} | set(range(129, 160)))  # shell/argparse/signal codes
+    assert as_table()[82] == {"cause": "gpu_hw_error", "meaning": EXIT_CODES[82].meaning, "placeholder": True}
+    assert cause_for_exit(0, 125).cause == Cause.HOST_OOM  # Slurm's OOM marker
+    assert cause_for_exit(2, 0) is None and cause_for_exit(None, None) is None
+
+
+def test_exit_code_table_can_be_replaced():
+    from hpc_agent.diagnosis.exit_codes import ExitCodeMeaning
+
+    (attempt,) = attempts("failed.txt", "111")  # exit 1
+    custom = {1: ExitCodeMeaning(1, Cause.NCCL_ERROR, "this site's launcher uses 1 for network trouble")}
+    d = classify_attempt(attempt, (), exit_codes=custom)
+    assert d.cause == Cause.NCCL_ERROR and "exit code 1 of 111.0" in d.evidence[-1]
+
+
+def test_announced_exit_code_is_the_last_one():
+    from hpc_agent.diagnosis.exit_codes import announced_exit_code
+
+    lines = ["[hpc_agent] cannot resume: x; exiting 78", "noise", "[hpc_agent] diverged: loss is nan; exiting 65"]
+    assert announced_exit_code(lines) == (65, lines[-1])
+    assert announced_exit_code(["exiting 3"]) is None  # only launch/'s own lines count
