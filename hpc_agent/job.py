@@ -20,7 +20,12 @@ class TrainingJob:
         os.environ.setdefault("HPC_AGENT_RUN_DIR", self.run_dir)
         from launch.train import main  # imported here: torch loads only inside the job
 
-        return main(self.config_path, self.run_dir)
+        code = main(self.config_path, self.run_dir)
+        if code:
+            # submitit would store a returned code as the job's result and exit 0; raising SystemExit gets
+            # past its exception handling, so Slurm records the real exit code (table: docs/exit_codes.md).
+            raise SystemExit(code)
+        return code
 
     def __repr__(self) -> str:
         return f"TrainingJob(run_dir={self.run_dir!r})"

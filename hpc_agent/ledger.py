@@ -10,7 +10,8 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional
+import json
+from typing import Any, Callable, Dict, List, Optional
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -18,7 +19,8 @@ CREATE TABLE IF NOT EXISTS runs (
     name        TEXT NOT NULL,
     run_dir     TEXT NOT NULL,
     created_at  REAL NOT NULL,
-    status      TEXT NOT NULL DEFAULT 'active'
+    phase       TEXT NOT NULL DEFAULT 'submitting',
+    updated_at  REAL
 );
 CREATE TABLE IF NOT EXISTS submissions (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -32,6 +34,29 @@ CREATE TABLE IF NOT EXISTS submissions (
     error        TEXT
 );
 CREATE INDEX IF NOT EXISTS submissions_run ON submissions(run_id);
+-- One row per decided attempt; the UNIQUE key makes deciding idempotent across watcher restarts.
+CREATE TABLE IF NOT EXISTS decisions (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id       TEXT NOT NULL REFERENCES runs(run_id),
+    job_id       TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    at           REAL NOT NULL,
+    cause        TEXT NOT NULL,
+    action       TEXT NOT NULL,
+    reason       TEXT NOT NULL,
+    patch        TEXT NOT NULL DEFAULT '{}',
+    evidence     TEXT NOT NULL DEFAULT '[]',
+    ckpt_step    INTEGER,
+    decision     TEXT NOT NULL DEFAULT '{}',
+    UNIQUE(job_id, attempt)
+);
+-- Expedites already sent (scontrol update StartTime=now), once per attempt.
+CREATE TABLE IF NOT EXISTS expedites (
+    job_id   TEXT NOT NULL,
+    attempt  INTEGER NOT NULL,
+    at       REAL NOT NULL,
+    PRIMARY KEY(job_id, attempt)
+);
 """
 
 LEDGER_FILE = "ledger.sqlite"
@@ -56,7 +81,23 @@ class Run:
     name: str
     run_dir: str
     created_at: float
-    status: str
+    phase: str
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    id: int
+    run_id: str
+    job_id: str
+    attempt: int
+    at: float
+    cause: str
+    action: str
+    reason: str
+    patch: Dict[str, Any]
+    evidence: List[str]
+    ckpt_step: Optional[int]
+    decision: Dict[str, Any]
 
 
 class Ledger:
@@ -94,9 +135,60 @@ class Ledger:
     def record_failed(self, submission_id: int, error: str) -> None:
         self.db.execute("UPDATE submissions SET error = ? WHERE id = ?", (error, submission_id))
 
-    def runs(self) -> List[Run]:
-        return [Run(*row) for row in self.db.execute(
-            "SELECT run_id, name, run_dir, created_at, status FROM runs ORDER BY created_at")]
+    def runs(self, phases: Optional[List[str]] = None) -> List[Run]:
+        rows = [Run(*row) for row in self.db.execute(
+            "SELECT run_id, name, run_dir, created_at, phase FROM runs ORDER BY created_at, run_id")]
+        return [r for r in rows if phases is None or r.phase in phases]
+
+    def run(self, run_id: str) -> Optional[Run]:
+        row = self.db.execute("SELECT run_id, name, run_dir, created_at, phase FROM runs WHERE run_id = ?",
+                              (run_id,)).fetchone()
+        return Run(*row) if row else None
+
+    def set_phase(self, run_id: str, phase: str) -> None:
+        self.db.execute("UPDATE runs SET phase = ?, updated_at = ? WHERE run_id = ?", (phase, self.clock(), run_id))
+
+    def latest_submission(self, run_id: str) -> Optional[Submission]:
+        subs = self.submissions(run_id)
+        return subs[-1] if subs else None
+
+    def record_decision(self, run_id: str, job_id: str, attempt: int, cause: str, action: str, reason: str,
+                        patch: Dict[str, Any], evidence: List[str], ckpt_step: Optional[int],
+                        decision: Optional[Dict[str, Any]] = None) -> bool:
+        """Store a decision; False if this attempt was already decided (a restarted watcher must not act twice)."""
+        try:
+            self.db.execute(
+                "INSERT INTO decisions(run_id, job_id, attempt, at, cause, action, reason, patch, evidence, ckpt_step,"
+                " decision) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, str(job_id), attempt, self.clock(), cause, action, reason, json.dumps(patch, sort_keys=True),
+                 json.dumps(list(evidence)), ckpt_step, json.dumps(decision or {}, sort_keys=True, default=str)))
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
+    def decided(self, job_id: str, attempt: int) -> bool:
+        return self.db.execute("SELECT 1 FROM decisions WHERE job_id = ? AND attempt = ?",
+                               (str(job_id), attempt)).fetchone() is not None
+
+    def decisions(self, run_id: str) -> List[DecisionRow]:
+        rows = self.db.execute(
+            "SELECT id, run_id, job_id, attempt, at, cause, action, reason, patch, evidence, ckpt_step, decision "
+            "FROM decisions WHERE run_id = ? ORDER BY id", (run_id,))
+        return [DecisionRow(*row[:8], json.loads(row[8]), json.loads(row[9]), row[10], json.loads(row[11]))
+                for row in rows]
+
+    def mark_expedited(self, job_id: str, attempt: int) -> bool:
+        """True the first time for this attempt; False if it was already expedited."""
+        try:
+            self.db.execute("INSERT INTO expedites(job_id, attempt, at) VALUES (?, ?, ?)",
+                            (str(job_id), attempt, self.clock()))
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
+    def expedited(self, job_id: str, attempt: int) -> bool:
+        return self.db.execute("SELECT 1 FROM expedites WHERE job_id = ? AND attempt = ?",
+                               (str(job_id), attempt)).fetchone() is not None
 
     def submissions(self, run_id: str) -> List[Submission]:
         return [Submission(*row) for row in self.db.execute(

@@ -10,13 +10,11 @@ import datetime as _dt
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from hpc_agent.config.load import load_config, to_yaml
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.fsutil import atomic_write_json, atomic_write_text
-from hpc_agent.launcher import (EXECUTORS, job_name_for, local_parameters, make_executor, make_run_id,
-                                render_job_script)
+from hpc_agent.launcher import EXECUTORS, local_parameters, make_run_id, render_job_script
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.sacct import job_state, parse_parsable2
 
@@ -62,17 +60,19 @@ def new_run_dir(runs_root: Path, name: str, now: _dt.datetime) -> tuple[str, Pat
     return run_id, runs_root / run_id
 
 
-def _log_paths(folder: Path, job_id: str, tasks: int) -> List[Path]:
-    return [folder / f"{job_id}_{t}_log.out" for t in range(tasks)]
-
-
 def _wait(executor_kind: str, job, job_id: str, timeout_s: float) -> str:
     """Poll until the job is finished; returns its final state."""
     deadline = time.monotonic() + timeout_s
     if executor_kind == "local":
         while not job.done() and time.monotonic() < deadline:
             time.sleep(1)
-        return "COMPLETED" if job.done() and job.exception() is None else ("FAILED" if job.done() else "RUNNING")
+        if not job.done():
+            return "RUNNING"
+        try:
+            job.result()  # raises if the job raised or died without a result
+        except Exception:  # noqa: BLE001 - any failure of the job means FAILED here
+            return "FAILED"
+        return "COMPLETED"
     cli = SlurmCLI()
     state = "UNKNOWN"
     delay = 1.0
@@ -103,7 +103,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs_root = Path(cfg.run.runs_root).expanduser().resolve()
     run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now())
     config_path = run_dir / "config.yaml"
-    folder = run_dir / "slurm"
 
     if args.dry_run:
         try:
@@ -122,49 +121,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("# Dry run: nothing was created or submitted.")
         return 0
 
-    from hpc_agent.job import TrainingJob
     from hpc_agent.ledger import Ledger
+    from hpc_agent.submission import log_paths, submit_attempt, write_config
 
     run_dir.mkdir(parents=True)
-    try:
-        executor = make_executor(kind, folder, cfg, run_id, run_dir, config_path)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
-        return EXIT_CONFIG
     (run_dir / "tb").mkdir()
     (run_dir / "checkpoints").mkdir()
-    atomic_write_text(config_path, to_yaml(cfg))
+    write_config(run_dir, cfg)
     ledger = Ledger.in_runs_root(runs_root)
     ledger.add_run(run_id, cfg.run.name, str(run_dir))
-    # The intent goes in before sbatch: a crash after this line is reconciled, never re-submitted blind.
-    submission_id = ledger.record_intent(run_id, kind, str(config_path), reason="submit")
     try:
-        job = executor.submit(TrainingJob(run_dir, config_path))
-    except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
-        ledger.record_failed(submission_id, str(exc))
+        job = submit_attempt(ledger, run_id, run_dir, cfg, config_path, kind, reason="submit")
+    except Exception as exc:  # sbatch refused: say why, keep the run dir and the ledger row for the record
+        ledger.set_phase(run_id, "stopped")
         print(f"Submission failed: {exc}", file=sys.stderr)
         return EXIT_SUBMIT_FAILED
-    ledger.record_submitted(submission_id, job.job_id)
-    ledger.close()
-
-    logs = _log_paths(folder, job.job_id, cfg.slurm.tasks_per_node * (cfg.slurm.nodes if kind == "slurm" else 1))
-    atomic_write_json(run_dir / "run.json", {
-        "run_id": run_id, "job_name": job_name_for(run_id), "executor": kind, "job_ids": [job.job_id],
-        "submitted_at": _dt.datetime.now().isoformat(timespec="seconds"), "config": str(config_path),
-        "logs": [str(p) for p in logs], "tensorboard": str(run_dir / "tb"),
-    })
+    finally:
+        ledger.close()
+    job_id = job.job_id
+    logs = log_paths(run_dir, job_id, cfg.slurm.tasks_per_node * (cfg.slurm.nodes if kind == "slurm" else 1))
     print(f"run id:       {run_id}")
     print(f"run dir:      {run_dir}")
-    print(f"job id:       {job.job_id} ({kind})")
+    print(f"job id:       {job_id} ({kind})")
     print(f"logs:         {logs[0]}" + (f" (+{len(logs) - 1} more ranks)" if len(logs) > 1 else ""))
     print(f"tensorboard:  tensorboard --logdir {run_dir / 'tb'}")
     print(f"next:         python -m hpc_agent.watch --runs-root {runs_root}   # follow and repair this run")
 
     if not args.wait:
         return 0
-    print(f"waiting for job {job.job_id} ...", flush=True)
-    state = _wait(kind, job, job.job_id, args.wait_timeout)
-    print(f"job {job.job_id} finished: {state}")
+    print(f"waiting for job {job_id} ...", flush=True)
+    state = _wait(kind, job, job_id, args.wait_timeout)
+    print(f"job {job_id} finished: {state}")
     if logs[0].exists():
         tail = logs[0].read_text(errors="replace").splitlines()[-10:]
         print("log tail:\n  " + "\n  ".join(tail))

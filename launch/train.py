@@ -1,57 +1,99 @@
-"""Training entry point, one process per task of the srun step: parse, build, train, close.
+"""Training entry point, one process per rank: parse, build, train, close.
 
-Minimal version: a tiny model trained for ``train.max_steps`` steps, logging to TensorBoard.
+    python -m launch.train CONFIG_SNAPSHOT RUN_DIR
+
+Inside a job ``hpc_agent.job.TrainingJob`` calls :func:`main` in every task of the srun step. The
+return value is the exit code (table in ``launch/exitcodes.py`` and ``docs/exit_codes.md``). The work
+itself is in ``launch/engine.py``; this file only wires the pieces and maps failures to exit codes.
 """
 from __future__ import annotations
 
 import os
 import sys
-import time
+import traceback
 from pathlib import Path
 
+from launch import exitcodes
+from launch.signals import StopRequest, hand_back_to_slurm
 
-def _rank() -> tuple[int, int]:
-    """(rank, world size) from submitit's job environment, falling back to plain Slurm variables."""
-    try:
-        import submitit
 
-        env = submitit.JobEnvironment()
-        return env.global_rank, env.num_tasks
-    except RuntimeError:  # not inside a submitit job (e.g. run by hand)
-        return int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
+def say(text: str) -> None:
+    print(f"[hpc_agent] {text}", flush=True)
 
 
 def main(config_path: str, run_dir: str) -> int:
+    # Our handlers replace submitit's before anything slow happens; a signal that arrives during
+    # start-up is remembered and acted on at the first micro-step.
+    stop = StopRequest().install()
+    try:
+        code = _main(config_path, run_dir, stop)
+    finally:
+        stop.uninstall()
+    if code == exitcodes.PREEMPTED:
+        hand_back_to_slurm(stop.signum, say)
+    return code
+
+
+def _main(config_path: str, run_dir: str, stop: StopRequest) -> int:
+    from hpc_agent.config.load import load_snapshot, to_yaml
+    from hpc_agent.config.problems import ConfigError
+
+    try:
+        cfg = load_snapshot(config_path)
+    except ConfigError as exc:
+        say(f"invalid config snapshot {config_path}:\n{exc}\nexiting {exitcodes.CONFIG}")
+        return exitcodes.CONFIG
+
     import torch
-    from torch.utils.tensorboard import SummaryWriter
 
-    from hpc_agent.config.load import load_snapshot
+    from launch import distributed
+    from launch.dsconfig import PrecisionUnavailable, resolve_precision
 
-    cfg = load_snapshot(config_path)
-    rank, world = _rank()
-    torch.manual_seed(cfg.train.seed)
-    model = torch.nn.Linear(16, 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
-    writer = SummaryWriter(str(Path(run_dir) / "tb")) if rank == 0 else None
-    print(f"[rank {rank}/{world}] host={os.uname().nodename} job={os.environ.get('SLURM_JOB_ID', 'local')} "
-          f"training {cfg.train.workload} for {cfg.train.max_steps} steps", flush=True)
-    target = torch.randn(16, 1)
-    for step in range(1, cfg.train.max_steps + 1):
-        t0 = time.perf_counter()
-        x = torch.randn(cfg.train.micro_batch_size, 16)
-        loss = torch.nn.functional.mse_loss(model(x), x @ target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if writer is not None and step % cfg.train.log_every == 0:
-            writer.add_scalar("train/loss", loss.item(), step)
-            writer.add_scalar("perf/step_time_s", time.perf_counter() - t0, step)
-        print(f"[rank {rank}] step {step} loss {loss.item():.4f}", flush=True)
-    if writer is not None:
-        writer.close()
-    print(f"[rank {rank}] done", flush=True)
-    return 0
+    denv = distributed.detect()
+    on_cuda = torch.cuda.is_available()
+    try:
+        precision, note = resolve_precision(cfg.train.precision, on_cuda)
+    except PrecisionUnavailable as exc:
+        say(f"{exc} Exiting {exitcodes.UNAVAILABLE}.")
+        return exitcodes.UNAVAILABLE
+    backend = distributed.init(denv, on_cuda)
+    # One line per rank in the "[rank R/W] host=H" form that log diagnosis maps ranks to nodes with.
+    print(f"[rank {denv.rank}/{denv.world_size}] host={os.environ.get('SLURMD_NODENAME') or os.uname().nodename} "
+          f"job={os.environ.get('SLURM_JOB_ID', 'local')} local_rank={denv.local_rank} "
+          f"master={denv.master_addr}:{denv.master_port} ({denv.source}) backend={backend}", flush=True)
+    if denv.rank == 0:
+        say(note)
+
+    from launch.engine import Trainer
+
+    trainer = Trainer(cfg, Path(run_dir), denv, on_cuda, precision, stop, to_yaml(cfg))
+    phase = "start-up"
+    try:
+        code = trainer.setup()
+        if code == exitcodes.OK:
+            phase = "training"
+            code = trainer.train()
+    except torch.OutOfMemoryError:
+        traceback.print_exc()
+        say(f"out of memory at step {trainer.step + 1} during {phase} (micro_batch_size "
+            f"{cfg.train.micro_batch_size}, ZeRO-{cfg.train.zero_stage}); exiting {exitcodes.OUT_OF_MEMORY}")
+        code = exitcodes.OUT_OF_MEMORY
+    finally:
+        trainer.close()
+    if code in (exitcodes.OK, exitcodes.PREEMPTED, exitcodes.DIVERGED, exitcodes.CONFIG):
+        # Every rank reached the same decision, so a clean teardown cannot hang. After an OOM or a
+        # crash we skip it: a peer may be stuck in a collective.
+        distributed.shutdown()
+    return code
+
+
+def cli(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m launch.train CONFIG_SNAPSHOT RUN_DIR", file=sys.stderr)
+        return exitcodes.CONFIG
+    return main(argv[0], argv[1])
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(cli())

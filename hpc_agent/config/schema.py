@@ -350,6 +350,10 @@ class FaultsConfig:
     error_at_step: int = 0
     """Raise a plain Python error (a code bug) at this step."""
 
+    first_attempt_only: bool = True
+    """Fire the faults only in the run's first attempt, like a transient fault, so the retry can get past
+    them; false replays them in every attempt, like a deterministic bug."""
+
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
         for name in ("oom_above_micro_batch", "host_alloc_mb", "host_alloc_step", "nan_at_step", "hang_at_step", "error_at_step"):

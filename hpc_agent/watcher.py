@@ -1,0 +1,312 @@
+"""The watcher's tick: ledger -> one batched sacct -> classify -> policy -> lifecycle -> effects.
+
+Time, the Slurm client, the submitter and the checkpoint scanner are injected, so tests drive the loop
+tick by tick. Crash safety comes from the order of writes: a decision is recorded (and the run moved to
+``recovering``) before it is carried out; on start-up ``reconcile`` finishes whatever a killed watcher
+left half done, asking Slurm (by the run id in the job name) instead of guessing.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from hpc_agent.checkpoints import complete_steps, set_aside_after
+from hpc_agent.config.load import load_snapshot
+from hpc_agent.diagnosis.causes import Cause
+from hpc_agent.diagnosis.classify import Diagnosis, classify_job
+from hpc_agent.diagnosis.logscan import LogText
+from hpc_agent.diagnose import find_logs, read_tail, read_tb_scalars
+from hpc_agent.diagnosis.alarms import alarms_from_scalars
+from hpc_agent.launcher import job_name_for
+from hpc_agent.ledger import Ledger, Run
+from hpc_agent.lifecycle import (EFFECT_NOTIFY, EFFECT_RECORD, EFFECT_REQUEUE, EFFECT_RESUBMIT, Action, Event,
+                                 EventKind, InvalidTransition, Phase, transition)
+from hpc_agent.policy import DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation, apply_patch, decide
+from hpc_agent.slurm.cli import SlurmError
+from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, group_attempts, parse_sacct
+from hpc_agent.submission import crash_point, submit_attempt, write_config
+
+LIVE_PHASES = [p.value for p in Phase if p not in (Phase.COMPLETED, Phase.STOPPED)]
+RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING"}
+PENDING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+TAIL_BYTES = 256 * 1024
+_ACTIONS = {REQUEUE: Action.REQUEUE, RESUBMIT: Action.RESUBMIT, STOP: Action.STOP}
+
+
+@dataclass
+class TickReport:
+    """What one tick saw and did (printed by the CLI, asserted by tests)."""
+
+    sacct_calls: int = 0
+    runs: int = 0
+    unknown: bool = False
+    paused: bool = False
+    lines: List[str] = field(default_factory=list)
+
+
+def _now_iso(clock: Callable[[], float]) -> str:
+    return _dt.datetime.fromtimestamp(clock()).isoformat(timespec="seconds")
+
+
+class Watcher:
+    def __init__(self, ledger: Ledger, slurm, *, runs_root: Path, clock: Callable[[], float] = time.time,
+                 dry_run: bool = False, executor: str = "slurm", limits: Optional[PolicyLimits] = None,
+                 submit: Callable[..., Any] = submit_attempt, out: Callable[[str], None] = print,
+                 pause_file: Optional[Path] = None):
+        self.ledger, self.slurm, self.runs_root, self.clock = ledger, slurm, Path(runs_root), clock
+        self.dry_run, self.executor, self.submit, self.out = dry_run, executor, submit, out
+        self.limits = limits or PolicyLimits()
+        self.pause_file = pause_file or self.runs_root / "watch.paused"
+
+    # --- helpers ----------------------------------------------------------------------------------------
+    def paused(self) -> bool:
+        return self.pause_file.exists()
+
+    def _say(self, report: TickReport, run: Run, text: str) -> None:
+        line = f"[watch {_now_iso(self.clock)}] {run.run_id}: {text}"
+        report.lines.append(line)
+        self.out(line)
+
+    def _audit(self, run: Run, record: Dict[str, Any]) -> None:
+        """Append one line to the run's events.jsonl (the audit trail); one write() so lines never interleave."""
+        if self.dry_run:
+            return
+        record = {"time": _now_iso(self.clock), "run_id": run.run_id, **record}
+        with open(Path(run.run_dir) / "events.jsonl", "a") as handle:
+            handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+    def _step(self, run: Run, phase: Phase, event: Event) -> Phase:
+        new_phase, effects = transition(phase, event)
+        if new_phase is not phase and not self.dry_run:
+            self.ledger.set_phase(run.run_id, new_phase.value)
+        return new_phase
+
+    # --- start-up -----------------------------------------------------------------------------------------
+    def reconcile(self, report: Optional[TickReport] = None, min_age_s: float = 0.0) -> None:
+        """Finish what a killed watcher (or submit) left half done: intents without a job id."""
+        report = report or TickReport()
+        for run in self.ledger.runs(LIVE_PHASES):
+            sub = self.ledger.latest_submission(run.run_id)
+            if sub is None or sub.job_id is not None or sub.error or self.clock() - sub.intent_at < min_age_s:
+                continue
+            found = self._jobs_named(run.run_id, since=sub.intent_at)
+            known = {s.job_id for s in self.ledger.submissions(run.run_id) if s.job_id}
+            new = [j for j in found if j not in known]
+            if found is None:
+                self._say(report, run, "cannot reach Slurm to reconcile the pending intent; will retry")
+                continue
+            if new:
+                self._say(report, run, f"reconciled: intent #{sub.id} reached Slurm as job {new[-1]}")
+                if not self.dry_run:
+                    self.ledger.record_submitted(sub.id, new[-1])
+                    self.ledger.set_phase(run.run_id, Phase.PENDING.value)
+                continue
+            self._say(report, run, f"reconciled: intent #{sub.id} never reached Slurm; submitting it now")
+            if not self.dry_run:
+                self.ledger.record_failed(sub.id, "abandoned: the submitter died before sbatch")
+                cfg = load_snapshot(sub.config_path)
+                self.submit(self.ledger, run.run_id, Path(run.run_dir), cfg, Path(sub.config_path),
+                            sub.executor, reason=sub.reason)
+
+    def _jobs_named(self, run_id: str, since: float) -> Optional[List[str]]:
+        """Job ids Slurm knows under this run's job name, submitted after ``since`` (squeue, then sacct)."""
+        name = job_name_for(run_id)
+        start = _dt.datetime.fromtimestamp(since - 60).strftime("%Y-%m-%dT%H:%M:%S")
+        try:
+            queued = self.slurm.run(["squeue", "--noheader", "--name", name, "--format", "%i"]).stdout.split()
+            text = self.slurm.run(["sacct", "--parsable2", "--allocations", "--name", name, "--starttime", start,
+                                   "--format", "JobID,JobName,State"]).stdout
+        except SlurmError:
+            return None
+        accounted = [row.job_id for row in parse_sacct(text)]
+        return sorted(set(queued) | set(accounted), key=lambda j: int(j.split("_")[0]) if j.split("_")[0].isdigit() else 0)
+
+    # --- the tick ---------------------------------------------------------------------------------------
+    def tick(self) -> TickReport:
+        report = TickReport()
+        if self.paused():
+            report.paused = True
+            self.out(f"[watch {_now_iso(self.clock)}] paused ({self.pause_file} exists): no actions")
+            return report
+        runs = self.ledger.runs(LIVE_PHASES)
+        report.runs = len(runs)
+        jobs = {run.run_id: sub.job_id for run in runs
+                if (sub := self.ledger.latest_submission(run.run_id)) is not None and sub.job_id}
+        if not jobs:
+            return report
+        try:
+            report.sacct_calls += 1
+            text = self.slurm.sacct(sorted(set(jobs.values())), fields=SACCT_FIELDS)
+        except SlurmError as exc:
+            report.unknown = True
+            self.out(f"[watch {_now_iso(self.clock)}] sacct failed ({exc}): states unknown, waiting")
+            return report
+        attempts = group_attempts(parse_sacct(text))
+        if not attempts:
+            report.unknown = True  # accounting answered nothing: unknown means wait, never requeue
+            return report
+        for run in runs:
+            if run.run_id in jobs and jobs[run.run_id] in attempts:
+                if self.paused():  # the kill switch is honoured between runs too
+                    report.paused = True
+                    break
+                self._follow(run, jobs[run.run_id], attempts[jobs[run.run_id]], report)
+        return report
+
+    def _follow(self, run: Run, job_id: str, attempts: List[Attempt], report: TickReport) -> None:
+        phase = Phase(run.phase)
+        latest = attempts[-1]
+        index = len(attempts) - 1
+        state = latest.state
+        try:
+            if phase is Phase.RECOVERING:
+                self._retry_recovery(run, job_id, index, state, report)
+                return
+            if state in RUNNING_STATES:
+                if phase is not Phase.RUNNING:
+                    self._step(run, phase, Event(EventKind.STARTED, job_id))
+                return
+            if state in PENDING_STATES:
+                if index > 0 and not self.ledger.expedited(job_id, index):
+                    self._maybe_expedite(run, job_id, attempts, report)
+                if phase is Phase.RUNNING:
+                    self._step(run, phase, Event(EventKind.QUEUED, job_id))
+                return
+            if self.ledger.decided(job_id, index):
+                return
+            self._decide(run, phase, job_id, attempts, report)
+        except InvalidTransition as exc:  # a bug, but one run must not stop the watcher for all others
+            self._say(report, run, f"internal: {exc}")
+
+    def _diagnoses(self, run: Run, job_id: str, attempts: List[Attempt]) -> List[Diagnosis]:
+        logs = [LogText(p.name, read_tail(p, TAIL_BYTES)) for p in find_logs(Path(run.run_dir), job_id)]
+        alarms = []
+        tb = Path(run.run_dir) / "tb"
+        if tb.is_dir():
+            scalars = read_tb_scalars(tb)
+            alarms = alarms_from_scalars(scalars.get("train/loss", []), scalars.get("train/loss_scale", []))
+        return classify_job(attempts, logs, alarms, job_id=job_id)
+
+    def _history(self, run: Run) -> List[PastAttempt]:
+        rows = self.ledger.decisions(run.run_id)
+        out = []
+        for i, row in enumerate(rows):
+            before = rows[i - 1].ckpt_step if i else None
+            progress = None if row.ckpt_step is None and before is None else (row.ckpt_step or -1) > (before or -1)
+            out.append(PastAttempt(row.job_id, row.cause, row.action, row.patch, progress))
+        return out
+
+    def _maybe_expedite(self, run: Run, job_id: str, attempts: List[Attempt], report: TickReport) -> None:
+        diagnoses = self._diagnoses(run, job_id, attempts)
+        previous = diagnoses[-2].cause
+        cfg = load_snapshot(Path(run.run_dir) / "config.yaml")
+        decision = decide(Cause.PENDING, [], cfg, Situation(job_id=job_id, requeued_after=previous.value), self.limits)
+        if not decision.expedite:
+            return
+        self._say(report, run, f"job {job_id} requeued by Slurm after {previous.value}: expedite "
+                               "(scontrol update StartTime=now; Slurm would wait 121 s)")
+        if self.dry_run:
+            return
+        self.ledger.mark_expedited(job_id, len(attempts) - 1)
+        self._expedite(run, job_id, report)
+        self._audit(run, {"job_id": job_id, "attempt": len(attempts), "cause": previous.value, "action": "expedite",
+                          "reason": decision.reason, "evidence": list(diagnoses[-2].evidence)})
+
+    def _expedite(self, run: Run, job_id: str, report: TickReport) -> None:
+        try:
+            self.slurm.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        except SlurmError as exc:
+            self._say(report, run, f"expedite of job {job_id} failed ({exc}); it starts after Slurm's delay")
+
+    def _decide(self, run: Run, phase: Phase, job_id: str, attempts: List[Attempt], report: TickReport) -> None:
+        diagnoses = self._diagnoses(run, job_id, attempts)
+        latest = diagnoses[-1]
+        config_path = Path(run.run_dir) / "config.yaml"
+        cfg = load_snapshot(config_path)
+        steps = complete_steps(Path(run.run_dir))
+        history = self._history(run)
+        last_step = next((h.ckpt_step for h in reversed(self.ledger.decisions(run.run_id)) if h.ckpt_step is not None), None)
+        progress = None if not steps else (steps[-1] > last_step if last_step is not None else True)
+        situation = Situation(job_id=job_id, made_progress=progress, checkpoint_steps=tuple(steps),
+                              nodes=latest.nodes, bad_nodes=latest.bad_nodes, divergence_step=latest.divergence_step)
+        decision = decide(latest.cause, history, cfg, situation, self.limits)
+        if decision.action == DONE:
+            self._say(report, run, f"job {job_id} completed")
+            self._step(run, phase, Event(EventKind.COMPLETED, job_id))
+            self._audit(run, {"job_id": job_id, "cause": "completed", "action": "done", "reason": decision.reason})
+            return
+        if decision.action not in _ACTIONS:
+            return  # wait
+        self._say(report, run, f"job {job_id} attempt {latest.attempt_index + 1}: {latest.cause.value} -> "
+                               f"{decision.action}: {decision.reason}")
+        for line in latest.evidence[:4]:
+            self._say(report, run, f"    evidence: {line}")
+        if self.dry_run:
+            return
+        self.ledger.record_decision(run.run_id, job_id, latest.attempt_index, latest.cause.value, decision.action,
+                                    decision.reason, decision.patch, list(latest.evidence),
+                                    steps[-1] if steps else None, decision.to_dict())
+        self._audit(run, {"job_id": job_id, "attempt": latest.attempt_index + 1, "cause": latest.cause.value,
+                          "evidence": list(latest.evidence), "decision": decision.to_dict(),
+                          "config_diff": {k: {"from": _get(cfg, k), "to": v} for k, v in decision.patch.items()}})
+        phase = self._step(run, phase, Event(EventKind.ENDED, job_id, _ACTIONS[decision.action]))
+        crash_point("after_decision")
+        if phase is Phase.RECOVERING:
+            self._carry_out(run, job_id, decision, cfg, report)
+
+    def _carry_out(self, run: Run, job_id: str, decision: Decision, cfg, report: TickReport) -> None:
+        try:
+            if decision.action == REQUEUE:
+                # Slurm only requeues preempted/node-failed jobs itself; anything else needs an explicit requeue.
+                self.slurm.run(["scontrol", "requeue", job_id])
+                self._expedite(run, job_id, report)
+                self._say(report, run, f"requeued job {job_id} and expedited it")
+            else:
+                new_cfg = apply_patch(cfg, decision.patch)
+                if decision.rollback_before_step is not None or decision.rollback_to_step is not None:
+                    moved = set_aside_after(Path(run.run_dir), decision.rollback_to_step, decision.rollback_before_step)
+                    if moved:
+                        self._say(report, run, f"rollback: set aside checkpoints {', '.join(moved)}")
+                n = len(self.ledger.submissions(run.run_id))
+                write_config(Path(run.run_dir), new_cfg, name=f"config.{n}.yaml")  # history of every attempt's config
+                path = write_config(Path(run.run_dir), new_cfg)
+                job = self.submit(self.ledger, run.run_id, Path(run.run_dir), new_cfg, path, self.executor,
+                                  reason=f"{decision.cause}: {decision.reason}")
+                self._say(report, run, f"resubmitted as job {getattr(job, 'job_id', job)}")
+        except (SlurmError, OSError, Exception) as exc:  # noqa: BLE001 - keep watching; retried next tick
+            self._say(report, run, f"action failed ({exc}); will retry next tick")
+            self._step(run, Phase.RECOVERING, Event(EventKind.ACTION_FAILED, job_id))
+            return
+        self.ledger.set_phase(run.run_id, Phase.PENDING.value)
+
+    def _retry_recovery(self, run: Run, job_id: str, index: int, state: str, report: TickReport) -> None:
+        """A decision was recorded but its action may not have happened (action failed, or we were killed)."""
+        rows = self.ledger.decisions(run.run_id)
+        if not rows:
+            return
+        last = rows[-1]
+        if last.job_id != job_id:  # a newer job exists: the resubmission went through
+            self._step(run, Phase.RECOVERING, Event(EventKind.RECOVERED, job_id))
+            return
+        if last.action == REQUEUE and (state in PENDING_STATES | RUNNING_STATES) and index > last.attempt:
+            self._step(run, Phase.RECOVERING, Event(EventKind.RECOVERED, job_id))
+            return
+        cfg = load_snapshot(Path(run.run_dir) / "config.yaml")
+        saved = last.decision
+        decision = Decision(last.action, last.cause, last.reason, dict(last.patch),
+                            rollback_to_step=saved.get("rollback_to_step"),
+                            rollback_before_step=saved.get("rollback_before_step"))
+        self._say(report, run, f"carrying out the recorded decision again: {last.action} ({last.reason})")
+        if not self.dry_run:
+            self._carry_out(run, job_id, decision, cfg, report)
+
+
+def _get(cfg, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part, None)
+    return node

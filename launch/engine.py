@@ -1,0 +1,288 @@
+"""The DeepSpeed training loop: build, resume, train, checkpoint, log.
+
+Data: rank r at micro-step m of 0-based optimizer step s trains on samples
+``s*G + (m*world + r)*mbs .. +mbs-1`` of the workload's global stream (``G = mbs*accum*world``), so
+the data position is the step number and a resume under another mbs/accum split sees the same
+samples in each optimizer step.
+
+We drive the micro-steps ourselves and call ``engine.backward``/``engine.step`` on each: DeepSpeed
+counts micro-steps and only reduces gradients, clips, updates and steps the LR scheduler at the
+accumulation boundary (``backward`` also divides the loss by the accumulation steps).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from launch import checkpoint, exitcodes, universal
+from launch.distributed import Collectives, DistEnv
+from launch.dsconfig import build_ds_config
+from launch.faults import Faults
+from launch.schedule import lr_factor
+from launch.signals import StopRequest, signal_name
+from launch.tblog import TBLog, attempt_number, peak_memory_bytes
+
+
+def say(text: str) -> None:
+    print(f"[hpc_agent] {text}", flush=True)
+
+
+def _rng_state(on_cuda: bool) -> Dict[str, Any]:
+    import numpy as np
+    import torch
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if on_cuda else None}
+
+
+def _set_rng_state(state: Dict[str, Any], on_cuda: bool) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if on_cuda and state.get("cuda") is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _seed(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _as_float(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def _loss_scale(engine: Any) -> Optional[float]:
+    """FP16's current dynamic loss scale: ZeRO keeps it in ``loss_scaler``, the ZeRO-0 FP16 optimizers
+    in ``loss_scale_config`` (DeepSpeed 0.19; older versions had ``cur_scale`` on the optimizer)."""
+    opt = engine.optimizer
+    for holder in (opt, getattr(opt, "loss_scaler", None), getattr(opt, "loss_scale_config", None)):
+        value = getattr(holder, "cur_scale", None)
+        if value is not None:
+            return float(value)
+    return None
+
+
+class Trainer:
+    def __init__(self, cfg: Any, run_dir: Path, denv: DistEnv, on_cuda: bool, precision: str,
+                 stop: StopRequest, config_text: str):
+        import torch
+
+        self.cfg, self.t = cfg, cfg.train
+        self.run_dir, self.denv, self.on_cuda, self.precision = Path(run_dir), denv, on_cuda, precision
+        self.stop, self.config_text = stop, config_text
+        self.rank, self.world = denv.rank, denv.world_size
+        self.device = torch.device("cuda", denv.local_rank) if on_cuda else torch.device("cpu")
+        self.coll = Collectives(self.device)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.layout = universal.layout_of(self.t, self.world, precision)
+        self.G = self.t.micro_batch_size * self.t.grad_accum_steps * self.world
+        self.faults = Faults(cfg.faults, self.t.micro_batch_size, self.rank, attempt_number(self.run_dir / "tb"))
+        self.engine: Any = None
+        self.tb: Optional[TBLog] = None
+        self.step = 0  # optimizer steps completed
+        self.saved_step = -1  # last step with a complete checkpoint written or loaded by this attempt
+
+    # ---- build and resume --------------------------------------------------------------------
+    def setup(self) -> int:
+        """Build the workload and engine, resume if a checkpoint exists; returns an exit code (0 = go)."""
+        import deepspeed
+        import torch
+        from launch.workloads import build_workload
+
+        _seed(self.t.seed)
+        self.workload = build_workload(self.cfg, self.device)
+        model = self.workload.model
+        self.faults.install(model)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+        choice = self._choose_checkpoint()
+        plan = None
+        if choice is not None:
+            saved = choice["layout"] or self.layout  # a marker without a layout: assume it is ours
+            plan = universal.plan(saved, self.layout)
+            if self.rank == 0:
+                say(f"resume plan for {choice['name']}: {plan.mode}: {plan.reason}")
+            if plan.mode == universal.REFUSE:
+                say(f"cannot resume: {plan.reason}; exiting {exitcodes.CONFIG}")
+                return exitcodes.CONFIG
+        load_dir, tag = self.ckpt_root, choice["name"] if choice else None
+        needs_universal = plan is not None and plan.mode in (universal.UNIVERSAL, universal.FROM_STAGE0)
+        if needs_universal:
+            load_dir = self.ckpt_root / universal.UNIVERSAL_DIR
+            if self.rank == 0:
+                t0 = time.perf_counter()
+                universal.convert(self.ckpt_root / tag, load_dir / tag, plan.mode, names)
+                say(f"converted {tag} to a universal checkpoint in {time.perf_counter() - t0:.1f}s")
+            self.coll.barrier()
+
+        ds_config = build_ds_config(self.t, world_size=self.world, precision=self.precision,
+                                    on_cuda=self.on_cuda, load_universal=needs_universal)
+        schedule = functools.partial(lr_factor, warmup_steps=self.t.warmup_steps, total_steps=self.t.max_steps,
+                                     min_lr_ratio=self.t.min_lr_ratio)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule), dist_init_required=False)
+        # FP32 ZeRO-0 uses the bare torch optimizer, which reports no gradient norm: we compute it.
+        self.manual_grad_norm = self.t.zero_stage == 0 and self.precision == "fp32"
+        _seed(self.t.seed + 1000 * self.rank)  # distinct dropout streams per rank from here on
+
+        if tag is not None:
+            self._load(load_dir, tag, needs_universal)
+        if self.step >= self.t.max_steps:
+            return exitcodes.OK  # train() says so; no event file for an attempt that trains nothing
+        self.tb = TBLog(self.run_dir, self.rank, self.step, self.config_text)
+        if self.rank == 0:
+            say(f"attempt {self.tb.attempt}: training steps {self.step + 1}..{self.t.max_steps}, global batch "
+                f"{self.G} = {self.t.micro_batch_size} x {self.t.grad_accum_steps} x {self.world} ranks, "
+                f"ZeRO-{self.t.zero_stage}, {self.precision}, device {self.device}")
+        return exitcodes.OK
+
+    def _choose_checkpoint(self) -> Optional[Dict[str, Any]]:
+        """Rank 0 picks (it alone reads markers, so all ranks agree even on a lagging file system)."""
+        found = None
+        if self.rank == 0:
+            selection = checkpoint.select(checkpoint.scan(self.ckpt_root))
+            for line in selection.lines():
+                say(line)
+            if selection.chosen is not None:
+                found = {"name": selection.chosen.name, "layout": selection.chosen.marker.get("layout")}
+        return self.coll.broadcast_object(found)
+
+    def _load(self, load_dir: Path, tag: str, was_converted: bool) -> None:
+        path, client = self.engine.load_checkpoint(str(load_dir), tag=tag)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {load_dir}")
+        self.step = self.saved_step = int(client["step"])
+        rng = client.get("rng") or []
+        if len(rng) == self.world:
+            _set_rng_state(rng[self.rank], self.on_cuda)
+        else:  # other world size: no per-rank state to take over; reseed deterministically
+            _seed(self.t.seed + 1000 * self.rank + 7919 * self.step)
+        if was_converted:
+            self.coll.barrier()
+            if self.rank == 0:
+                import shutil
+
+                shutil.rmtree(load_dir / tag, ignore_errors=True)
+        if self.rank == 0:
+            say(f"resumed at step {self.step} (data position {client.get('data_position')} samples) from {tag}")
+
+    # ---- train -------------------------------------------------------------------------------
+    def train(self) -> int:
+        t, engine = self.t, self.engine
+        if self.step >= t.max_steps:
+            if self.rank == 0:
+                say(f"already trained {self.step} of {t.max_steps} steps: nothing to do")
+            return exitcodes.OK
+        for s in range(self.step, t.max_steps):
+            step = s + 1
+            self.faults.before_step(step)
+            started = time.perf_counter()
+            lr = engine.get_lr()[0]
+            loss_total, grad_norm = 0.0, None
+            for m in range(t.grad_accum_steps):
+                if self.stop.agreed(self.coll.max_int):
+                    return self._save_and_exit()
+                start = s * self.G + (m * self.world + self.rank) * t.micro_batch_size
+                batch = {k: v.to(self.device) for k, v in self.workload.batch(start, t.micro_batch_size).items()}
+                loss = self.faults.loss(step, self.workload.loss(engine, batch))
+                engine.backward(loss)
+                if self.manual_grad_norm and engine.is_gradient_accumulation_boundary():
+                    grad_norm = self._grad_norm()
+                engine.step()
+                loss_total += float(loss.detach().float().item())
+            self.step = step
+            elapsed = time.perf_counter() - started
+            loss_mean = self.coll.mean(loss_total / t.grad_accum_steps)
+            if grad_norm is None:
+                grad_norm = _as_float(engine.get_global_grad_norm())
+            if not math.isfinite(loss_mean):
+                self.tb.scalars({"train/loss": loss_mean}, step)
+                say(f"diverged: loss is {loss_mean} at step {step}; no checkpoint written; exiting "
+                    f"{exitcodes.DIVERGED}")
+                return exitcodes.DIVERGED
+            if step % t.log_every == 0 or step == t.max_steps:
+                self._log(step, loss_mean, lr, grad_norm, elapsed)
+            if t.eval_every and step % t.eval_every == 0 and step != t.max_steps:
+                self._evaluate(step)
+            if step % t.ckpt_every == 0 and step != t.max_steps:
+                self._save()
+        self._evaluate(t.max_steps)
+        self._save()
+        if self.rank == 0:
+            say(f"done: {t.max_steps} steps")
+        return exitcodes.OK
+
+    def _grad_norm(self) -> float:
+        import torch
+
+        grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.stack(grads).norm()) if grads else 0.0
+
+    def _log(self, step: int, loss: float, lr: float, grad_norm: Optional[float], elapsed: float) -> None:
+        samples = self.G / elapsed if elapsed > 0 else 0.0
+        values = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
+                  "perf/samples_per_s": samples, "perf/tokens_per_s": samples * self.workload.tokens_per_sample,
+                  "perf/step_time_s": elapsed, "perf/peak_mem_bytes": peak_memory_bytes(self.on_cuda)}
+        if self.precision == "fp16":
+            values["train/loss_scale"] = _loss_scale(self.engine)
+        self.tb.scalars(values, step)
+        if self.rank == 0:
+            norm = f"{grad_norm:.4f}" if grad_norm is not None else "n/a"
+            # "step N loss X": the form log-based diagnosis parses (NaN lines name their step).
+            say(f"step {step} loss {loss:.8f} lr {lr:.3e} grad_norm {norm} step_time {elapsed:.3f}s "
+                f"({step}/{self.t.max_steps})")
+
+    def _evaluate(self, step: int) -> None:
+        # Every rank evaluates: under ZeRO-3 the forward pass gathers parameters collectively.
+        metrics = self.workload.evaluate(self.engine)
+        self.tb.scalars(metrics, step)
+        if self.rank == 0:
+            say(f"eval at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def _save(self) -> float:
+        if self.saved_step == self.step:
+            return 0.0
+        client = {"step": self.step, "data_position": self.step * self.G, "layout": self.layout,
+                  "rng": self.coll.gather_objects(_rng_state(self.on_cuda))}
+        tag, seconds = checkpoint.save(self.engine, self.ckpt_root, self.step, client, self.layout, self.rank,
+                                       self.coll.barrier, self.coll.gather_objects)
+        self.saved_step = self.step
+        if self.rank == 0:
+            deleted = checkpoint.apply_retention(self.ckpt_root, self.t.keep_checkpoints)
+            say(f"checkpoint {tag} complete in {seconds:.1f}s" + (f"; deleted {', '.join(deleted)}" if deleted else ""))
+        return seconds
+
+    def _save_and_exit(self) -> int:
+        name = signal_name(self.stop.signum)
+        started = time.perf_counter()
+        if self.step == 0:
+            what = "nothing trained yet: no checkpoint"
+        elif self.saved_step == self.step:
+            what = f"checkpoint {checkpoint.tag_for(self.step)} already complete"
+        else:
+            self._save()
+            what = f"checkpoint {checkpoint.tag_for(self.step)} complete"
+        if self.rank == 0:
+            say(f"signal {name} at step {self.step}: {what} in {time.perf_counter() - started:.1f}s; "
+                f"exiting {exitcodes.PREEMPTED}")
+        return exitcodes.PREEMPTED
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

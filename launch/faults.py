@@ -1,0 +1,71 @@
+"""Fault injection from ``cfg.faults`` (tests and chaos runs; everything is off by default).
+
+Steps are 1-based optimizer steps ("step N" is the N-th update), as in the logs and TensorBoard. A
+fault fires when that step runs, so after a resume from a checkpoint past it, it does not fire again,
+while a resume from before it replays it, like a deterministic bug would.
+
+Every fault prints one ``[hpc_agent] fault: ...`` line before it acts, so a log shows injected faults
+apart from real ones. ``host_alloc_mb`` allocates on rank 0 only, so the number is the total.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, List
+
+_HELD: List[bytearray] = []  # keeps the injected host allocation alive until the process dies
+
+
+class Faults:
+    def __init__(self, faults_cfg: Any, micro_batch_size: int, rank: int, attempt: int = 0):
+        self.cfg = faults_cfg
+        self.micro_batch_size = micro_batch_size
+        self.rank = rank
+        # faults.first_attempt_only: a later attempt (requeue or resubmission) runs fault-free.
+        self.armed = attempt == 0 or not getattr(faults_cfg, "first_attempt_only", True)
+
+    def _say(self, text: str) -> None:
+        print(f"[hpc_agent] fault: {text} (rank {self.rank})", flush=True)
+
+    def install(self, model: Any) -> None:
+        """Arm the out-of-memory fault: a forward pre-hook, so the error is raised inside forward."""
+        limit = self.cfg.oom_above_micro_batch
+        if self.armed and limit and self.micro_batch_size > limit:
+            model.register_forward_pre_hook(self._oom)
+
+    def _oom(self, module: Any, args: Any) -> None:
+        import torch
+
+        if not torch.is_grad_enabled():  # evaluation runs its own batch size: only training OOMs
+            return
+        limit = self.cfg.oom_above_micro_batch
+        self._say(f"out of memory in forward: train.micro_batch_size={self.micro_batch_size} > "
+                  f"faults.oom_above_micro_batch={limit}")
+        # torch.OutOfMemoryError is what the CUDA caching allocator raises; it can be constructed on
+        # CPU builds too, and its text is the one log-based diagnosis looks for.
+        raise torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 2.00 GiB (injected: micro_batch_size "
+            f"{self.micro_batch_size} > faults.oom_above_micro_batch {limit})")
+
+    def before_step(self, step: int) -> None:
+        cfg = self.cfg
+        if not self.armed:
+            return
+        if cfg.host_alloc_mb and step == cfg.host_alloc_step and self.rank == 0:
+            self._say(f"allocating and touching {cfg.host_alloc_mb} MB of host memory at step {step}")
+            block = bytearray(cfg.host_alloc_mb * 2**20)
+            for offset in range(0, len(block), 4096):  # touch every page so it is really resident
+                block[offset] = 1
+            _HELD.append(block)
+        if cfg.error_at_step and step == cfg.error_at_step:
+            self._say(f"raising an error (a code bug) at step {step}")
+            raise RuntimeError(f"injected code bug at step {step} (faults.error_at_step)")
+        if cfg.hang_at_step and step == cfg.hang_at_step:
+            self._say(f"hanging at step {step}: no further progress")
+            while True:  # like a stuck collective: signals are recorded but never acted on
+                time.sleep(1)
+
+    def loss(self, step: int, loss: Any) -> Any:
+        if self.armed and self.cfg.nan_at_step and step == self.cfg.nan_at_step:
+            self._say(f"making the loss NaN at step {step}")
+            return loss * float("nan")
+        return loss

@@ -1,0 +1,106 @@
+"""SIGTERM / SIGUSR2 -> save a complete checkpoint at the next micro-step, then exit 75.
+
+Slurm sends SIGTERM on preemption (``PreemptMode=REQUEUE``: SIGCONT+SIGTERM, then SIGKILL when the
+partition's GraceTime is over: 30 s on the local cluster) and on ``scancel``; it sends SIGUSR2
+``slurm.signal_lead_s`` seconds before the time limit (``--signal=USR2@N``). submitit installs its own
+handlers at start-up (it ignores SIGTERM, and on SIGUSR2 calls the callable's ``checkpoint()`` and
+requeues); :meth:`StopRequest.install` replaces them once training code runs. SIGCONT keeps submitit's
+log-and-ignore handler.
+
+The handler only records the signal: torch and DeepSpeed are not safe to call from a signal
+handler, and every rank has to save together. At each micro-step boundary the training loop calls
+:meth:`StopRequest.agreed`, an all-reduce (MAX) of the recorded signal number, so a signal seen by any
+rank stops all of them at the same point. The checkpoint then holds the state after the last
+*completed* optimizer step; a half-accumulated step is dropped and redone after the resume (same
+samples: the data position is the step number).
+
+Exit code 75 (``exitcodes.PREEMPTED``) means "a complete checkpoint exists; resume from it". What
+happens to the Slurm job after the save is :func:`hand_back_to_slurm`'s business.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Callable, Dict, Optional
+
+HANDLED = (signal.SIGTERM, signal.SIGUSR2)
+WAIT_FOR_SLURM_S = 3600.0  # longer than any GraceTime + KillWait: Slurm ends the wait first
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class StopRequest:
+    """The first SIGTERM/SIGUSR2 received by this process, and when."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.received_at: Optional[float] = None
+        self._previous: Dict[int, object] = {}
+
+    def install(self) -> "StopRequest":
+        for sig in HANDLED:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        # Only plain assignments here: the handler can interrupt any bytecode of the main thread.
+        if not self.signum:
+            self.signum = signum
+            self.received_at = time.monotonic()
+
+    def agreed(self, all_reduce_max: Callable[[int], int]) -> int:
+        """The signal any rank received (0: none). Must be called by every rank at the same point."""
+        seen = all_reduce_max(self.signum)
+        if seen and not self.signum:  # another rank got it: remember, so later checks agree too
+            self.signum, self.received_at = seen, time.monotonic()
+        return seen
+
+
+def hand_back_to_slurm(signum: int, say: Callable[[str], None]) -> None:
+    """After the signal's checkpoint is complete, let Slurm decide the job's fate correctly.
+
+    Measured on the localhost Slurm: a job whose tasks *exit* during the preemption grace time ends
+    FAILED and is NOT requeued. So the job must not simply exit:
+
+    - SIGUSR2 is Slurm's warning (``--signal=USR2@lead``): the time limit is near, or, with
+      ``SlurmctldParameters=preempt_send_user_signal``, a preemption has begun. Rank 0 requeues the job
+      itself (``scontrol requeue``, as submitit does), which also ends every task of this attempt.
+    - SIGTERM is a preemption without that parameter, or ``scancel``: which one is not knowable here.
+      Wait to be ended: on preemption Slurm requeues the job at the end of GraceTime (state
+      PREEMPTED); on scancel it is killed and stays CANCELLED. A second SIGTERM (the end of the
+      grace) ends the wait at once.
+
+    Outside Slurm (local executor, tests) nothing is done: the caller exits 75 and whoever launched it
+    resumes.
+    """
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return
+    if signum == signal.SIGUSR2:
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+
+            try:
+                SlurmCLI(timeout_s=20).run(["scontrol", "requeue", job_id])
+                say(f"requeued job {job_id} (scontrol requeue); this attempt ends now")
+            except SlurmError as exc:
+                say(f"could not requeue job {job_id} ({exc}); exiting 75 for the watcher to resume")
+        return
+    if signum == signal.SIGTERM:
+        say(f"checkpoint complete; waiting for Slurm to requeue (preemption) or end (scancel) job {job_id}")
+        ended = []
+        signal.signal(signal.SIGTERM, lambda s, f: ended.append(s))
+        deadline = time.monotonic() + WAIT_FOR_SLURM_S
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.5)

@@ -1,0 +1,118 @@
+"""Helpers for tests against the real localhost Slurm (scripts/cluster.sh up)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from hpc_agent.slurm.cli import SlurmCLI
+from hpc_agent.slurm.sacct import SACCT_FIELDS, group_attempts, parse_sacct
+from tests.conftest import REPO, run_cli
+
+CLUSTER = ["bash", str(REPO / "scripts" / "cluster.sh")]
+SLURM = SlurmCLI(timeout_s=60)
+
+# A run that lasts long enough to be preempted or failed on purpose: ~0.03 s a step on this machine.
+LONG_RUN = ["slurm.mem=2G", "train.workload=gpt", "model.n_layers=2", "model.d_model=32", "model.seq_len=32",
+            "train.precision=fp32", "train.zero_stage=1", "train.log_every=1"]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def submit(root: Path, *overrides: str, config: str = "quickstart") -> Tuple[Path, str]:
+    before = {p.name for p in root.iterdir()} if root.exists() else set()
+    proc = run_cli("-m", "hpc_agent.submit", config, "--executor", "slurm", f"run.runs_root={root}", *overrides)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir() and p.name not in before]
+    return run_dir, json.loads((run_dir / "run.json").read_text())["job_ids"][-1]
+
+
+def attempts(job_id: str):
+    return group_attempts(parse_sacct(SLURM.sacct([job_id], fields=SACCT_FIELDS))).get(str(job_id), [])
+
+
+def states(job_id: str) -> List[str]:
+    return [a.state for a in attempts(job_id)]
+
+
+def log_text(run_dir: Path, job_id: Optional[str] = None) -> str:
+    pattern = f"{job_id}_0_log.out" if job_id else "*_0_log.out"
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "slurm").glob(pattern)))
+
+
+def last_step(text: str) -> int:
+    steps = [int(m) for m in re.findall(r"\[hpc_agent\] step (\d+) ", text)]
+    return max(steps) if steps else 0
+
+
+def job_nodes(job_id: str) -> List[str]:
+    found = attempts(job_id)
+    return found[-1].nodes if found else []
+
+
+def preempt_all_nodes(seconds: int = 3) -> str:
+    """A job in the high partition that needs every CPU: Slurm preempts what runs in `low`."""
+    out = SLURM.run(["sbatch", "--parsable", "--partition", "high", "--nodes", "2", "--ntasks-per-node", "2",
+                     "--output", "/dev/null", "--wrap", f"sleep {seconds}"]).stdout
+    return out.strip().split(";")[0]
+
+
+def ledger_job_ids(root: Path, run_id: str) -> List[str]:
+    from hpc_agent.ledger import Ledger
+
+    return [s.job_id for s in Ledger.in_runs_root(root).submissions(run_id) if s.job_id]
+
+
+def events(run_dir: Path) -> List[Dict]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+class WatcherProcess:
+    """``python -m hpc_agent.watch`` as a user runs it, in the background, with its output kept."""
+
+    def __init__(self, root: Path, interval: float = 1.0, env: Optional[Dict[str, str]] = None):
+        self.log = root / f"watch-{time.time_ns()}.log"
+        full_env = dict(os.environ, **(env or {}))
+        self.handle = open(self.log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "hpc_agent.watch", "--runs-root", str(root),
+                                      "--interval", str(interval)], stdout=self.handle, stderr=subprocess.STDOUT,
+                                     cwd=str(REPO), env=full_env)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.handle.close()
+        return self.proc.returncode
+
+
+def cleanup_jobs(root: Path) -> None:
+    """Cancel whatever the test left queued or running under this runs root's run ids."""
+    from hpc_agent.ledger import Ledger
+
+    if not (root / "ledger.sqlite").exists():
+        return
+    ids = [s.job_id for r in Ledger.in_runs_root(root).runs() for s in Ledger.in_runs_root(root).submissions(r.run_id)
+           if s.job_id]
+    if ids:
+        SLURM.run(["scancel", *ids], check=False)
