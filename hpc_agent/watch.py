@@ -21,7 +21,8 @@ from typing import Optional, Sequence
 
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.ledger import Ledger
-from hpc_agent.slurm.cli import SlurmCLI
+from hpc_agent.policy import PolicyLimits
+from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -46,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--pause", action="store_true", help="kill switch: make every watcher stop acting, then exit")
     group.add_argument("--resume", action="store_true", help="lift --pause, then exit")
     return parser
+
+
+def largest_node_memory_mb(slurm: SlurmCLI) -> Optional[int]:
+    """The most ``--mem`` any node can give (sinfo's RealMemory); None if Slurm does not say."""
+    try:
+        out = slurm.run(["sinfo", "--noheader", "--format", "%m"], check=False).stdout
+    except SlurmError:
+        return None
+    sizes = [int(tok.rstrip("+")) for tok in out.split() if tok.rstrip("+").isdigit()]
+    return max(sizes) if sizes else None
 
 
 class _Stop:
@@ -102,8 +113,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     ledger = Ledger.in_runs_root(runs_root)
-    watcher = Watcher(ledger, SlurmCLI(timeout_s=60), runs_root=runs_root, dry_run=args.dry_run,
-                      executor=args.executor, pause_file=pause_file)
+    slurm = SlurmCLI(timeout_s=60)
+    watcher = Watcher(ledger, slurm, runs_root=runs_root, dry_run=args.dry_run, executor=args.executor,
+                      pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)))
     print(f"[watch] following {runs_root} every {args.interval:g} s"
           + (" (dry run: acting on nothing)" if args.dry_run else ""), flush=True)
     if not watcher.paused():

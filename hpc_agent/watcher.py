@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 from hpc_agent.checkpoints import complete_steps, set_aside_after
 from hpc_agent.config.load import load_snapshot
@@ -27,6 +27,7 @@ from hpc_agent.lifecycle import (EFFECT_NOTIFY, EFFECT_RECORD, EFFECT_REQUEUE, E
                                  EventKind, InvalidTransition, Phase, transition)
 from hpc_agent.policy import DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation, apply_patch, decide
 from hpc_agent.slurm.cli import SlurmError
+from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, group_attempts, parse_sacct
 from hpc_agent.submission import crash_point, submit_attempt, write_config
 
@@ -42,6 +43,7 @@ class TickReport:
     """What one tick saw and did (printed by the CLI, asserted by tests)."""
 
     sacct_calls: int = 0
+    fallback_calls: int = 0
     runs: int = 0
     unknown: bool = False
     paused: bool = False
@@ -138,13 +140,14 @@ class Watcher:
                 if (sub := self.ledger.latest_submission(run.run_id)) is not None and sub.job_id}
         if not jobs:
             return report
+        ids = sorted(set(jobs.values()))
         try:
             report.sacct_calls += 1
-            text = self.slurm.sacct(sorted(set(jobs.values())), fields=SACCT_FIELDS)
+            text = self.slurm.sacct(ids, fields=SACCT_FIELDS)
         except SlurmError as exc:
-            report.unknown = True
-            self.out(f"[watch {_now_iso(self.clock)}] sacct failed ({exc}): states unknown, waiting")
-            return report
+            text = self._without_accounting(ids, exc, report)
+            if text is None:
+                return report
         attempts = group_attempts(parse_sacct(text))
         if not attempts:
             report.unknown = True  # accounting answered nothing: unknown means wait, never requeue
@@ -156,6 +159,26 @@ class Watcher:
                     break
                 self._follow(run, jobs[run.run_id], attempts[jobs[run.run_id]], report)
         return report
+
+    def _without_accounting(self, ids: List[str], error: Exception, report: TickReport) -> Optional[str]:
+        """sacct failed (slurmdbd down, accounting off): ask slurmctld (one squeue + one scontrol call)."""
+        try:
+            report.fallback_calls += 2
+            queued = self.slurm.run(["squeue", "--noheader", "--jobs", ",".join(ids), "--format", SQUEUE_FORMAT],
+                                    check=False).stdout
+            known = self.slurm.run(["scontrol", "--oneliner", "show", "job"], check=False).stdout
+        except SlurmError as exc:
+            report.unknown = True
+            self.out(f"[watch {_now_iso(self.clock)}] sacct failed ({error}) and slurmctld does not answer ({exc}): "
+                     "states unknown, waiting")
+            return None
+        text = as_sacct_text(ids, parse_squeue(queued), parse_scontrol_jobs(known))
+        if len(text.splitlines()) <= 1:
+            report.unknown = True
+            self.out(f"[watch {_now_iso(self.clock)}] sacct failed ({error}); slurmctld knows none of our jobs: waiting")
+            return None
+        self.out(f"[watch {_now_iso(self.clock)}] sacct failed ({error}); using squeue/scontrol")
+        return text
 
     def _follow(self, run: Run, job_id: str, attempts: List[Attempt], report: TickReport) -> None:
         phase = Phase(run.phase)
@@ -201,20 +224,49 @@ class Watcher:
         return out
 
     def _maybe_expedite(self, run: Run, job_id: str, attempts: List[Attempt], report: TickReport) -> None:
+        """Slurm requeued the job by itself (preemption, node failure): make its next attempt start now,
+        and for a failed node also keep it off that node (``scontrol update ExcNodeList``), which is the
+        resubmission the policy asks for without a second job id."""
         diagnoses = self._diagnoses(run, job_id, attempts)
-        previous = diagnoses[-2].cause
+        previous = diagnoses[-2]
         cfg = load_snapshot(Path(run.run_dir) / "config.yaml")
-        decision = decide(Cause.PENDING, [], cfg, Situation(job_id=job_id, requeued_after=previous.value), self.limits)
+        if previous.cause in (Cause.NODE_FAIL, Cause.GPU_HW_ERROR) and not self.ledger.decided(job_id, len(attempts) - 2):
+            self._exclude_on_requeued(run, job_id, previous, cfg, report)
+            cfg = load_snapshot(Path(run.run_dir) / "config.yaml")
+        decision = decide(Cause.PENDING, [], cfg, Situation(job_id=job_id, requeued_after=previous.cause.value),
+                          self.limits)
         if not decision.expedite:
             return
-        self._say(report, run, f"job {job_id} requeued by Slurm after {previous.value}: expedite "
+        self._say(report, run, f"job {job_id} requeued by Slurm after {previous.cause.value}: expedite "
                                "(scontrol update StartTime=now; Slurm would wait 121 s)")
         if self.dry_run:
             return
         self.ledger.mark_expedited(job_id, len(attempts) - 1)
         self._expedite(run, job_id, report)
-        self._audit(run, {"job_id": job_id, "attempt": len(attempts), "cause": previous.value, "action": "expedite",
-                          "reason": decision.reason, "evidence": list(diagnoses[-2].evidence)})
+        self._audit(run, {"job_id": job_id, "attempt": len(attempts), "cause": previous.cause.value,
+                          "action": "expedite", "reason": decision.reason, "evidence": list(previous.evidence)})
+
+    def _exclude_on_requeued(self, run: Run, job_id: str, previous: Diagnosis, cfg, report: TickReport) -> None:
+        decision = decide(previous.cause, self._history(run), cfg,
+                          Situation(job_id=job_id, nodes=previous.nodes, bad_nodes=previous.bad_nodes), self.limits)
+        exclude = decision.patch.get("slurm.exclude")
+        self._say(report, run, f"job {job_id} attempt {previous.attempt_index + 1}: {previous.cause.value} -> "
+                               f"{decision.action}: {decision.reason}")
+        if self.dry_run or decision.action != RESUBMIT or set(decision.patch) != {"slurm.exclude"}:
+            return
+        self.ledger.record_decision(run.run_id, job_id, previous.attempt_index, previous.cause.value, decision.action,
+                                    decision.reason, decision.patch, list(previous.evidence), None, decision.to_dict())
+        try:
+            self.slurm.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={exclude}"])
+        except SlurmError as exc:
+            self._say(report, run, f"could not exclude {exclude} from job {job_id}: {exc}")
+            return
+        new_cfg = apply_patch(cfg, decision.patch)
+        write_config(Path(run.run_dir), new_cfg)
+        self._say(report, run, f"requeued job {job_id} now excludes {exclude}")
+        self._audit(run, {"job_id": job_id, "attempt": previous.attempt_index + 1, "cause": previous.cause.value,
+                          "evidence": list(previous.evidence), "decision": decision.to_dict(),
+                          "config_diff": {"slurm.exclude": {"from": cfg.slurm.exclude, "to": exclude}}})
 
     def _expedite(self, run: Run, job_id: str, report: TickReport) -> None:
         try:
@@ -247,16 +299,21 @@ class Watcher:
             self._say(report, run, f"    evidence: {line}")
         if self.dry_run:
             return
-        self.ledger.record_decision(run.run_id, job_id, latest.attempt_index, latest.cause.value, decision.action,
-                                    decision.reason, decision.patch, list(latest.evidence),
-                                    steps[-1] if steps else None, decision.to_dict())
-        self._audit(run, {"job_id": job_id, "attempt": latest.attempt_index + 1, "cause": latest.cause.value,
-                          "evidence": list(latest.evidence), "decision": decision.to_dict(),
-                          "config_diff": {k: {"from": _get(cfg, k), "to": v} for k, v in decision.patch.items()}})
-        phase = self._step(run, phase, Event(EventKind.ENDED, job_id, _ACTIONS[decision.action]))
-        crash_point("after_decision")
-        if phase is Phase.RECOVERING:
-            self._carry_out(run, job_id, decision, cfg, report)
+        new_phase, effects = transition(phase, Event(EventKind.ENDED, job_id, _ACTIONS[decision.action]))
+        for effect in effects:  # the lifecycle orders them: the record always comes before the action
+            if effect.name == EFFECT_RECORD:
+                self.ledger.record_decision(run.run_id, job_id, latest.attempt_index, latest.cause.value,
+                                            decision.action, decision.reason, decision.patch, list(latest.evidence),
+                                            steps[-1] if steps else None, decision.to_dict())
+                self._audit(run, {"job_id": job_id, "attempt": latest.attempt_index + 1, "cause": latest.cause.value,
+                                  "evidence": list(latest.evidence), "decision": decision.to_dict(),
+                                  "config_diff": {k: {"from": _get(cfg, k), "to": v} for k, v in decision.patch.items()}})
+                self.ledger.set_phase(run.run_id, new_phase.value)
+                crash_point("after_decision")
+            elif effect.name in (EFFECT_REQUEUE, EFFECT_RESUBMIT):
+                self._carry_out(run, job_id, decision, cfg, report)
+            elif effect.name == EFFECT_NOTIFY:
+                self._say(report, run, f"stopped: {decision.reason}")
 
     def _carry_out(self, run: Run, job_id: str, decision: Decision, cfg, report: TickReport) -> None:
         try:

@@ -40,6 +40,7 @@ class FakeSlurm:
         self.commands: List[List[str]] = []
         self.fail_sacct = False
         self.named: Dict[str, List[str]] = {}
+        self.scontrol_text = ""
 
     def sacct(self, job_ids, fields=(), all_attempts=True):
         self.sacct_calls.append(list(job_ids))
@@ -49,11 +50,15 @@ class FakeSlurm:
 
     def run(self, argv, check=True, timeout_s=None):
         self.commands.append(list(argv))
+        if argv[0] == "squeue" and "--name" not in argv:
+            return Result(argv, 0, "", "")
         if argv[0] == "squeue":
             name = argv[argv.index("--name") + 1]
             return Result(argv, 0, "\n".join(self.named.get(name, [])), "")
         if argv[0] == "sacct":
             return Result(argv, 0, "JobID|JobName|State\n", "")
+        if argv[:2] == ["scontrol", "--oneliner"]:
+            return Result(argv, 0, self.scontrol_text, "")
         return Result(argv, 0, "", "")
 
 
@@ -115,6 +120,15 @@ def test_one_batched_sacct_call_per_tick_for_all_runs(world):
     assert world["slurm"].commands == []
 
 
+def test_without_accounting_slurmctld_states_are_used(world):
+    add_run(world, "r", "7", log=OOM_LOG)
+    world["slurm"].fail_sacct = True
+    world["slurm"].scontrol_text = "JobId=7 JobName=hpc_agent:r JobState=FAILED Restarts=0 ExitCode=3:0 NodeList=node1\n"
+    report = world["watcher"].tick()
+    assert report.sacct_calls == 1 and report.fallback_calls == 2 and not report.unknown
+    assert len(world["submit"].calls) == 1  # the OOM was seen through scontrol and repaired
+
+
 @pytest.mark.parametrize("failure", ["error", "empty"])
 def test_unknown_state_never_acts(world, failure):
     add_run(world, "r", "7", log=OOM_LOG)
@@ -124,7 +138,8 @@ def test_unknown_state_never_acts(world, failure):
         world["slurm"].sacct_text = ""
     report = world["watcher"].tick()
     assert report.unknown
-    assert world["submit"].calls == [] and world["slurm"].commands == []
+    acting = [c for c in world["slurm"].commands if c[0] != "squeue" and c[:2] != ["scontrol", "--oneliner"]]
+    assert world["submit"].calls == [] and acting == []
     assert world["ledger"].run("r").phase == "running"
 
 

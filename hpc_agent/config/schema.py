@@ -15,46 +15,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from hpc_agent.config.problems import ConfigError, Problem, shell_unsafe_reason
+from hpc_agent.config.checks import (MEM_RE, NAME_RE, TIME_RE, check_choice, check_positive, check_shell_safe,
+                                     raise_if)
+from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsConfig, ModelConfig
+from hpc_agent.config.problems import Problem
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 WORKLOADS = ("gpt", "classifier")
-IMBALANCE_METHODS = ("none", "class_weight", "weighted_sampler", "mixup", "smote")
-
-# Slurm accepts these --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
-# --mem: a number with an optional K/M/G/T suffix.
-_MEM_RE = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
-# Names end up in directory names and job names: keep them boring.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def _check_positive(section: str, obj: object, names: List[str], problems: List[Problem]) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if value is None or value <= 0:
-            problems.append(Problem(f"{section}.{name}", value, "a number greater than 0"))
-
-
-def _check_choice(key: str, value: object, choices: tuple, problems: List[Problem]) -> None:
-    if value not in choices:
-        problems.append(Problem(key, value, "one of " + ", ".join(choices)))
-
-
-def _check_shell_safe(key: str, value: Optional[str], problems: List[Problem]) -> None:
-    """Values that reach an ``#SBATCH`` line or a shell line must not be able to inject code."""
-    if value is None:
-        return
-    reason = shell_unsafe_reason(str(value))
-    if reason:
-        problems.append(Problem(key, value, f"a value without {reason} (it would be written into the job script)"))
-
-
-def _raise_if(problems: List[Problem]) -> None:
-    if problems:
-        raise ConfigError(problems)
-
+__all__ = ["Config", "RunConfig", "SlurmConfig", "TrainConfig", "WatchConfig", "ModelConfig", "DataConfig",
+           "FaultsConfig", "SECTIONS", "IMBALANCE_METHODS"]
 
 @dataclass
 class RunConfig:
@@ -70,15 +40,15 @@ class RunConfig:
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
-        if not _NAME_RE.match(str(self.name)):
+        if not NAME_RE.match(str(self.name)):
             problems.append(Problem("run.name", self.name, "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"))
-        _check_shell_safe("run.runs_root", self.runs_root, problems)
+        check_shell_safe("run.runs_root", self.runs_root, problems)
         if not str(self.runs_root).strip():
             problems.append(Problem("run.runs_root", self.runs_root, "a directory path"))
         return problems
 
     def __post_init__(self) -> None:
-        _raise_if(self.problems())
+        raise_if(self.problems())
 
 
 @dataclass
@@ -136,25 +106,25 @@ class SlurmConfig:
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
-        _check_positive("slurm", self, ["nodes", "tasks_per_node", "cpus_per_task", "signal_lead_s"], problems)
+        check_positive("slurm", self, ["nodes", "tasks_per_node", "cpus_per_task", "signal_lead_s"], problems)
         if self.gpus_per_node is None or self.gpus_per_node < 0:
             problems.append(Problem("slurm.gpus_per_node", self.gpus_per_node, "0 (CPU only) or a positive number"))
         for name in ("partition", "account", "qos", "constraint", "exclude", "mem", "time", "template"):
-            _check_shell_safe(f"slurm.{name}", getattr(self, name), problems)
-        if self.mem is not None and not _MEM_RE.match(str(self.mem)):
+            check_shell_safe(f"slurm.{name}", getattr(self, name), problems)
+        if self.mem is not None and not MEM_RE.match(str(self.mem)):
             problems.append(Problem("slurm.mem", self.mem, "a size such as 4G, 16000M or 500000K"))
-        if not _TIME_RE.match(str(self.time)):
+        if not TIME_RE.match(str(self.time)):
             problems.append(Problem("slurm.time", self.time, "a Slurm time such as 30, 01:00:00 or 1-12:00:00"))
         if not re.match(r"^[A-Za-z0-9_-]+$", str(self.template)):
             problems.append(Problem("slurm.template", self.template, "a template file name from sbatch_templates/ without .yaml"))
         for key, value in (self.extra_sbatch or {}).items():
             if not re.match(r"^[a-z][a-z0-9-]*$", str(key)):
                 problems.append(Problem(f"slurm.extra_sbatch.{key}", value, "an sbatch long option name such as mail-type"))
-            _check_shell_safe(f"slurm.extra_sbatch.{key}", value, problems)
+            check_shell_safe(f"slurm.extra_sbatch.{key}", value, problems)
         return problems
 
     def __post_init__(self) -> None:
-        _raise_if(self.problems())
+        raise_if(self.problems())
 
 
 @dataclass
@@ -231,10 +201,10 @@ class TrainConfig:
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
-        _check_positive("train", self, ["max_steps", "micro_batch_size", "grad_accum_steps", "lr", "ckpt_every", "keep_checkpoints", "log_every"], problems)
-        _check_choice("train.workload", self.workload, WORKLOADS, problems)
-        _check_choice("train.precision", self.precision, PRECISIONS, problems)
-        _check_choice("train.offload", self.offload, OFFLOADS, problems)
+        check_positive("train", self, ["max_steps", "micro_batch_size", "grad_accum_steps", "lr", "ckpt_every", "keep_checkpoints", "log_every"], problems)
+        check_choice("train.workload", self.workload, WORKLOADS, problems)
+        check_choice("train.precision", self.precision, PRECISIONS, problems)
+        check_choice("train.offload", self.offload, OFFLOADS, problems)
         if self.zero_stage not in (0, 1, 2, 3):
             problems.append(Problem("train.zero_stage", self.zero_stage, "0, 1, 2 or 3"))
         elif self.offload == "optimizer" and self.zero_stage < 2:
@@ -251,119 +221,13 @@ class TrainConfig:
             problems.append(Problem("train.min_lr_ratio", self.min_lr_ratio, "a fraction between 0 and 1"))
         if self.weight_decay is None or self.weight_decay < 0:
             problems.append(Problem("train.weight_decay", self.weight_decay, "0 or more"))
-        _check_positive("train", self, ["loss_scale_window", "hysteresis", "min_loss_scale"], problems)
+        check_positive("train", self, ["loss_scale_window", "hysteresis", "min_loss_scale"], problems)
         if self.initial_scale_power is None or not 0 <= self.initial_scale_power <= 32:
             problems.append(Problem("train.initial_scale_power", self.initial_scale_power, "0 to 32"))
         return problems
 
     def __post_init__(self) -> None:
-        _raise_if(self.problems())
-
-
-@dataclass
-class ModelConfig:
-    """Model size. ``gpt`` uses all fields; ``classifier`` (an MLP) uses d_model, n_layers and dropout."""
-
-    n_layers: int = 2
-    """Transformer blocks (gpt) or hidden layers (classifier)."""
-
-    d_model: int = 64
-    """Width of the residual stream (gpt) or of each hidden layer (classifier)."""
-
-    n_heads: int = 4
-    """Attention heads (gpt); must divide d_model."""
-
-    seq_len: int = 64
-    """Context length in bytes (gpt)."""
-
-    dropout: float = 0.0
-    """Dropout probability."""
-
-    def problems(self) -> List[Problem]:
-        problems: List[Problem] = []
-        _check_positive("model", self, ["n_layers", "d_model", "n_heads", "seq_len"], problems)
-        if self.n_heads and self.d_model and self.n_heads > 0 and self.d_model % self.n_heads:
-            problems.append(Problem("model.n_heads", self.n_heads, f"a divisor of model.d_model={self.d_model}"))
-        if self.dropout is None or not 0 <= self.dropout < 1:
-            problems.append(Problem("model.dropout", self.dropout, "a probability in [0, 1)"))
-        return problems
-
-    def __post_init__(self) -> None:
-        _raise_if(self.problems())
-
-
-@dataclass
-class DataConfig:
-    """Training data. Nothing is downloaded: text ships with the repo, tabular data is generated."""
-
-    path: Optional[str] = None
-    """gpt: a UTF-8 text file (default: the corpus shipped in launch/data). classifier: a CSV whose last
-    column is the integer label (default: a generated imbalanced dataset)."""
-
-    num_classes: int = 5
-    """classifier, generated data: number of classes."""
-
-    num_features: int = 32
-    """classifier, generated data: number of features."""
-
-    num_samples: int = 20000
-    """classifier, generated data: number of training samples."""
-
-    imbalance_ratio: float = 50.0
-    """classifier, generated data: samples of the largest class per sample of the smallest (>= 1)."""
-
-    imbalance_method: str = "none"
-    """classifier: ``none`` (plain cross-entropy), ``class_weight`` (weighted loss), ``weighted_sampler``,
-    ``mixup`` or ``smote`` (imbalanced-learn oversampling)."""
-
-    def problems(self) -> List[Problem]:
-        problems: List[Problem] = []
-        _check_positive("data", self, ["num_classes", "num_features", "num_samples"], problems)
-        if self.imbalance_ratio is None or self.imbalance_ratio < 1:
-            problems.append(Problem("data.imbalance_ratio", self.imbalance_ratio, "1 or more"))
-        _check_choice("data.imbalance_method", self.imbalance_method, IMBALANCE_METHODS, problems)
-        return problems
-
-    def __post_init__(self) -> None:
-        _raise_if(self.problems())
-
-
-@dataclass
-class FaultsConfig:
-    """Fault injection for tests and the chaos suite. Everything is off (0) by default."""
-
-    oom_above_micro_batch: int = 0
-    """Raise a real out-of-memory error in the forward pass while micro_batch_size is above this."""
-
-    host_alloc_mb: int = 0
-    """Allocate (and touch) this many MB of host memory at ``host_alloc_step``: the cgroup kills the job."""
-
-    host_alloc_step: int = 0
-    """Step at which ``host_alloc_mb`` is allocated."""
-
-    nan_at_step: int = 0
-    """Make the loss NaN at this step."""
-
-    hang_at_step: int = 0
-    """Stop making progress (sleep) at this step."""
-
-    error_at_step: int = 0
-    """Raise a plain Python error (a code bug) at this step."""
-
-    first_attempt_only: bool = True
-    """Fire the faults only in the run's first attempt, like a transient fault, so the retry can get past
-    them; false replays them in every attempt, like a deterministic bug."""
-
-    def problems(self) -> List[Problem]:
-        problems: List[Problem] = []
-        for name in ("oom_above_micro_batch", "host_alloc_mb", "host_alloc_step", "nan_at_step", "hang_at_step", "error_at_step"):
-            value = getattr(self, name)
-            if value is None or value < 0:
-                problems.append(Problem(f"faults.{name}", value, "0 (off) or a positive number"))
-        return problems
-
-    def __post_init__(self) -> None:
-        _raise_if(self.problems())
+        raise_if(self.problems())
 
 
 @dataclass
@@ -383,7 +247,7 @@ class WatchConfig:
         return problems
 
     def __post_init__(self) -> None:
-        _raise_if(self.problems())
+        raise_if(self.problems())
 
 
 @dataclass
@@ -423,7 +287,7 @@ class Config:
         return problems
 
     def __post_init__(self) -> None:
-        _raise_if(self.problems())
+        raise_if(self.problems())
 
 
 SECTIONS = {"run": RunConfig, "slurm": SlurmConfig, "train": TrainConfig, "model": ModelConfig,
