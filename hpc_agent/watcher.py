@@ -63,6 +63,7 @@ class Watcher:
         self.dry_run, self.executor, self.submit, self.out = dry_run, executor, submit, out
         self.limits = limits or PolicyLimits()
         self.pause_file = pause_file or self.runs_root / "watch.paused"
+        self._deferred: set = set()
 
     # --- helpers ----------------------------------------------------------------------------------------
     def paused(self) -> bool:
@@ -268,6 +269,16 @@ class Watcher:
                           "evidence": list(previous.evidence), "decision": decision.to_dict(),
                           "config_diff": {"slurm.exclude": {"from": cfg.slurm.exclude, "to": exclude}}})
 
+    def _still_in_queue(self, job_id: str) -> Optional[str]:
+        """slurmctld's word on whether the job is queued or running again: its state, "" if gone, None if unknown."""
+        try:
+            out = self.slurm.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%T"], check=False)
+        except SlurmError:
+            return None
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:
+            return None
+        return out.stdout.strip()
+
     def _expedite(self, run: Run, job_id: str, report: TickReport) -> None:
         try:
             self.slurm.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
@@ -293,6 +304,17 @@ class Watcher:
             return
         if decision.action not in _ACTIONS:
             return  # wait
+        if decision.action in (REQUEUE, RESUBMIT):
+            queued = self._still_in_queue(job_id)
+            if queued is None or queued:
+                # Slurm requeues preempted and node-failed jobs by itself, and sacct can show the ended attempt
+                # a moment before the requeued one. Acting now would start a second job for the same run; the
+                # next ticks see the requeued attempt and expedite (and exclude) it instead.
+                if (job_id, latest.attempt_index) not in self._deferred:  # say it once, not every tick
+                    self._deferred.add((job_id, latest.attempt_index))
+                    self._say(report, run, f"job {job_id} ended ({latest.cause.value}) but is still in Slurm's queue "
+                                           f"({queued or 'squeue did not answer'}): waiting for its requeued attempt")
+                return
         self._say(report, run, f"job {job_id} attempt {latest.attempt_index + 1}: {latest.cause.value} -> "
                                f"{decision.action}: {decision.reason}")
         for line in latest.evidence[:4]:

@@ -41,6 +41,7 @@ class FakeSlurm:
         self.fail_sacct = False
         self.named: Dict[str, List[str]] = {}
         self.scontrol_text = ""
+        self.queue_state = ""  # what squeue --jobs says: "" means the job left the queue
 
     def sacct(self, job_ids, fields=(), all_attempts=True):
         self.sacct_calls.append(list(job_ids))
@@ -51,7 +52,7 @@ class FakeSlurm:
     def run(self, argv, check=True, timeout_s=None):
         self.commands.append(list(argv))
         if argv[0] == "squeue" and "--name" not in argv:
-            return Result(argv, 0, "", "")
+            return Result(argv, 0, self.queue_state, "")
         if argv[0] == "squeue":
             name = argv[argv.index("--name") + 1]
             return Result(argv, 0, "\n".join(self.named.get(name, [])), "")
@@ -184,6 +185,23 @@ def test_slurm_requeued_preemption_is_expedited_once(world):
     assert world["slurm"].commands == [["scontrol", "update", "JobId=9", "StartTime=now"]]
     assert world["ledger"].run("r").phase == "pending"
     assert any("expedite" in line for line in world["out"])
+
+
+def test_no_second_job_while_slurm_requeues_a_node_failure(world):
+    """sacct may show NODE_FAIL a moment before the attempt Slurm requeued: squeue has the last word."""
+    add_run(world, "r", "9")
+    world["slurm"].sacct_text = rows("9|hpc_agent:r|NODE_FAIL|0:0|node1|2026-11-30T10:00:00|2026-11-30T10:05:00|00:05:00")
+    world["slurm"].queue_state = "PENDING"
+    world["watcher"].tick()
+    assert world["submit"].calls == [] and world["ledger"].decisions("r") == []
+    world["slurm"].sacct_text = rows(
+        "9|hpc_agent:r|NODE_FAIL|0:0|node1|2026-11-30T10:00:00|2026-11-30T10:05:00|00:05:00",
+        "9|hpc_agent:r|PENDING|0:0|None assigned|Unknown|Unknown|00:00:00")
+    world["watcher"].tick()
+    assert world["submit"].calls == []
+    assert ["scontrol", "update", "JobId=9", "ExcNodeList=node1"] in world["slurm"].commands
+    assert ["scontrol", "update", "JobId=9", "StartTime=now"] in world["slurm"].commands
+    assert load_snapshot(world["root"] / "r" / "config.yaml").slurm.exclude == "node1"
 
 
 def test_completed_run_is_done(world):
