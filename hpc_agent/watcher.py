@@ -297,8 +297,14 @@ class Watcher:
         situation = Situation(job_id=job_id, made_progress=progress, checkpoint_steps=tuple(steps),
                               nodes=latest.nodes, bad_nodes=latest.bad_nodes, divergence_step=latest.divergence_step)
         decision = decide(latest.cause, history, cfg, situation, self.limits)
+        if decision.action != DONE and steps and steps[-1] >= cfg.train.max_steps:
+            # The final checkpoint is complete, so the training is done whatever happened after it (a rank
+            # crashing in interpreter teardown, a late signal): never requeue finished work.
+            decision = Decision(DONE, "completed", f"the final checkpoint (step {steps[-1]}) is complete; the job "
+                                                   f"ended {latest.state} after it ({latest.cause.value})")
         if decision.action == DONE:
-            self._say(report, run, f"job {job_id} completed")
+            self._say(report, run, f"job {job_id} completed" + ("" if latest.cause == Cause.COMPLETED else
+                                                                 f": {decision.reason}"))
             self._step(run, phase, Event(EventKind.COMPLETED, job_id))
             self._audit(run, {"job_id": job_id, "cause": "completed", "action": "done", "reason": decision.reason})
             return

@@ -166,6 +166,24 @@ def test_gpu_oom_resubmits_with_half_micro_batch_double_accumulation(world):
     assert world["ledger"].run("r").phase == "running"
 
 
+def write_complete_checkpoint(run_dir: Path, step: int) -> None:
+    tag = run_dir / "checkpoints" / f"step_{step:08d}"
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"x" * 10)
+    (tag / "COMPLETE.json").write_text(json.dumps({"step": step, "files": {"mp_rank_00_model_states.pt": 10}}))
+
+
+def test_finished_training_is_never_requeued_whatever_the_exit(world):
+    """A rank that aborts in teardown after the final checkpoint makes Slurm say FAILED: the work is done."""
+    run_dir = add_run(world, "r", "7", log="[hpc_agent] done: 100 steps\nterminate called without an active exception\n",
+                      max_steps=100)
+    write_complete_checkpoint(run_dir, 100)
+    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|15:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
+    world["watcher"].tick()
+    assert world["ledger"].run("r").phase == "completed"
+    assert world["submit"].calls == [] and world["slurm"].commands == []
+
+
 def test_code_error_is_not_requeued(world):
     add_run(world, "r", "7", log=CODE_LOG)
     world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|1:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
