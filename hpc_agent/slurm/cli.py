@@ -10,6 +10,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Iterable, List, Sequence
 
+from hpc_agent.slurm.sacct import SACCT_FIELDS
+
 ALLOWED = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "sinfo")
 
 
@@ -50,9 +52,7 @@ class SlurmCLI:
             raise SlurmError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return result
 
-    def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = ("JobID", "JobName", "State", "ExitCode",
-                                                                      "NodeList", "Start", "End"),
-              all_attempts: bool = True) -> str:
+    def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = SACCT_FIELDS, all_attempts: bool = True) -> str:
         """One batched ``sacct --parsable2`` call for all ``job_ids`` (never one call per job)."""
         ids: List[str] = [str(j) for j in job_ids]
         if not ids:
