@@ -19,8 +19,10 @@ from hpc_agent.config.load import load_snapshot
 from hpc_agent.diagnosis.causes import Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import LogText
-from hpc_agent.diagnose import find_logs, read_tail, read_tb_scalars
-from hpc_agent.diagnosis.alarms import alarms_from_scalars
+from hpc_agent.diagnose import find_logs, read_tail
+from hpc_agent.diagnosis.alarms import Alarm
+from hpc_agent.metrics.divergence import LEGACY_KIND, detect
+from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.launcher import job_name_for
 from hpc_agent.ledger import Ledger, Run
 from hpc_agent.lifecycle import (EFFECT_NOTIFY, EFFECT_RECORD, EFFECT_REQUEUE, EFFECT_RESUBMIT, Action, Event,
@@ -35,6 +37,8 @@ LIVE_PHASES = [p.value for p in Phase if p not in (Phase.COMPLETED, Phase.STOPPE
 RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING"}
 PENDING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 TAIL_BYTES = 256 * 1024
+ALARM_TAGS = ("train/loss", "train/loss_scale")
+FATAL_ALARMS = ("nan_loss", "loss_scale_collapse")
 _ACTIONS = {REQUEUE: Action.REQUEUE, RESUBMIT: Action.RESUBMIT, STOP: Action.STOP}
 
 
@@ -64,6 +68,7 @@ class Watcher:
         self.limits = limits or PolicyLimits()
         self.pause_file = pause_file or self.runs_root / "watch.paused"
         self._deferred: set = set()
+        self._scalars: Dict[str, RunScalars] = {}  # per run, kept between ticks: each tick reads only new bytes
 
     # --- helpers ----------------------------------------------------------------------------------------
     def paused(self) -> bool:
@@ -208,12 +213,33 @@ class Watcher:
 
     def _diagnoses(self, run: Run, job_id: str, attempts: List[Attempt]) -> List[Diagnosis]:
         logs = [LogText(p.name, read_tail(p, TAIL_BYTES)) for p in find_logs(Path(run.run_dir), job_id)]
-        alarms = []
+        return classify_job(attempts, logs, self._alarms(run), job_id=job_id)
+
+    def _alarms(self, run: Run) -> List[Alarm]:
+        """Fatal divergence alarms from the run's TensorBoard scalars, read incrementally (only new bytes
+        since the last tick). Spikes, grad explosions and stalls are shown by review, but only a non-finite
+        loss or a collapsed FP16 loss scale makes an ended attempt count as diverged."""
         tb = Path(run.run_dir) / "tb"
-        if tb.is_dir():
-            scalars = read_tb_scalars(tb)
-            alarms = alarms_from_scalars(scalars.get("train/loss", []), scalars.get("train/loss_scale", []))
-        return classify_job(attempts, logs, alarms, job_id=job_id)
+        if not tb.is_dir():
+            return []
+        scalars = self._scalars.setdefault(run.run_id, RunScalars(tb, tags=ALARM_TAGS))
+        scalars.update()
+        cfg_min_scale = load_snapshot(Path(run.run_dir) / "config.yaml").train.min_loss_scale
+        found = detect(scalars.series("train/loss"), loss_scale=scalars.series("train/loss_scale"),
+                       min_loss_scale=cfg_min_scale)
+        return [Alarm(LEGACY_KIND[a.kind], a.step, a.detail) for a in found if a.kind in FATAL_ALARMS]
+
+    def _run_attempt(self, run: Run, job_id: str, index: int) -> int:
+        """The 1-based attempt number within the whole run (a run spans several Slurm jobs when resubmitted):
+        the attempts of its earlier jobs, each of which ended with a recorded decision, plus this one."""
+        decisions = self.ledger.decisions(run.run_id)
+        offset = 0
+        for sub in self.ledger.submissions(run.run_id):
+            if sub.job_id == job_id:
+                break
+            if sub.job_id:
+                offset += max((d.attempt for d in decisions if d.job_id == sub.job_id), default=0) + 1
+        return offset + index + 1
 
     def _history(self, run: Run) -> List[PastAttempt]:
         rows = self.ledger.decisions(run.run_id)
@@ -244,7 +270,8 @@ class Watcher:
             return
         self.ledger.mark_expedited(job_id, len(attempts) - 1)
         self._expedite(run, job_id, report)
-        self._audit(run, {"job_id": job_id, "attempt": len(attempts), "cause": previous.cause.value,
+        self._audit(run, {"job_id": job_id, "attempt": self._run_attempt(run, job_id, previous.attempt_index),
+                          "cause": previous.cause.value,
                           "action": "expedite", "reason": decision.reason, "evidence": list(previous.evidence)})
 
     def _exclude_on_requeued(self, run: Run, job_id: str, previous: Diagnosis, cfg, report: TickReport) -> None:
@@ -265,7 +292,8 @@ class Watcher:
         new_cfg = apply_patch(cfg, decision.patch)
         write_config(Path(run.run_dir), new_cfg)
         self._say(report, run, f"requeued job {job_id} now excludes {exclude}")
-        self._audit(run, {"job_id": job_id, "attempt": previous.attempt_index + 1, "cause": previous.cause.value,
+        self._audit(run, {"job_id": job_id, "attempt": self._run_attempt(run, job_id, previous.attempt_index),
+                          "cause": previous.cause.value,
                           "evidence": list(previous.evidence), "decision": decision.to_dict(),
                           "config_diff": {"slurm.exclude": {"from": cfg.slurm.exclude, "to": exclude}}})
 
@@ -333,7 +361,8 @@ class Watcher:
                 self.ledger.record_decision(run.run_id, job_id, latest.attempt_index, latest.cause.value,
                                             decision.action, decision.reason, decision.patch, list(latest.evidence),
                                             steps[-1] if steps else None, decision.to_dict())
-                self._audit(run, {"job_id": job_id, "attempt": latest.attempt_index + 1, "cause": latest.cause.value,
+                self._audit(run, {"job_id": job_id, "attempt": self._run_attempt(run, job_id, latest.attempt_index),
+                                  "cause": latest.cause.value,
                                   "evidence": list(latest.evidence), "decision": decision.to_dict(),
                                   "config_diff": {k: {"from": _get(cfg, k), "to": v} for k, v in decision.patch.items()}})
                 self.ledger.set_phase(run.run_id, new_phase.value)

@@ -67,7 +67,23 @@ class StopRequest:
         return seen
 
 
-def hand_back_to_slurm(signum: int, say: Callable[[str], None]) -> None:
+def _say_why_usr2(cli, job_id: str, lead_s: int, say: Callable[[str], None]) -> None:
+    """SIGUSR2 is the time-limit warning, or a preemption notice: the time left tells them apart, and
+    the log line lets diagnosis (and the watcher) name the cause right."""
+    from hpc_agent.launcher import slurm_time_to_minutes
+    from hpc_agent.slurm.cli import SlurmError
+
+    try:
+        left = cli.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%L"], check=False).stdout.strip()
+    except SlurmError:
+        return
+    if left == "UNLIMITED" or (left[:1].isdigit() and slurm_time_to_minutes(left) * 60 > lead_s + 60):
+        say(f"SIGUSR2 with {left} left before the time limit: a preemption notice")
+    elif left:
+        say(f"SIGUSR2 with {left} left before the time limit: the time-limit warning")
+
+
+def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 120) -> None:
     """After the signal's checkpoint is complete, let Slurm decide the job's fate correctly.
 
     Measured on the localhost Slurm: a job whose tasks *exit* during the preemption grace time ends
@@ -91,6 +107,7 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None]) -> None:
         if os.environ.get("SLURM_PROCID", "0") == "0":
             from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
+            _say_why_usr2(SlurmCLI(timeout_s=10), job_id, lead_s, say)
             try:
                 SlurmCLI(timeout_s=20).run(["scontrol", "requeue", job_id])
                 say(f"requeued job {job_id} (scontrol requeue); this attempt ends now")

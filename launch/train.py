@@ -30,7 +30,7 @@ def main(config_path: str, run_dir: str) -> int:
     finally:
         stop.uninstall()
     if code == exitcodes.PREEMPTED:
-        hand_back_to_slurm(stop.signum, say)
+        hand_back_to_slurm(stop.signum, say, lead_s=_signal_lead_s(config_path))
     return code
 
 
@@ -85,6 +85,15 @@ def _main(config_path: str, run_dir: str, stop: StopRequest) -> int:
         # crash we skip it: a peer may be stuck in a collective.
         distributed.shutdown()
     return code
+
+
+def _signal_lead_s(config_path: str) -> int:
+    from hpc_agent.config.load import load_snapshot
+
+    try:
+        return load_snapshot(config_path).slurm.signal_lead_s
+    except Exception:  # noqa: BLE001 - only used to word a log line; the default lead is fine
+        return 120
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -56,6 +56,8 @@ CASES = [
          action="requeue"),
     Case("launch-sigusr2-line", "exit_signal_checkpointed.txt", "timeout", ["launch_sigusr2.log"],
          ["signal SIGUSR2 at step 4101"]),
+    Case("launch-sigusr2-preemption-notice", "exit_signal_checkpointed.txt", "preempted",
+         ["launch_sigusr2_preemption.log"], ["a preemption notice"]),
     Case("requeued-by-slurm-no-log", "requeued_by_submitit.txt", "preempted", [], ["requeued"]),
     # --- time limit ---------------------------------------------------------------------------------------
     Case("timeout", "timeout.txt", "timeout", ["timeout_limit.log"], ["DUE TO TIME LIMIT"], action="requeue",

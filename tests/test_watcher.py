@@ -164,6 +164,8 @@ def test_gpu_oom_resubmits_with_half_micro_batch_double_accumulation(world):
     world["watcher"].tick()
     assert len(world["submit"].calls) == 1
     assert world["ledger"].run("r").phase == "running"
+    # The new job's first attempt is the run's second: attempt numbers count across resubmissions.
+    assert world["watcher"]._run_attempt(world["ledger"].run("r"), "500", 0) == 2
 
 
 def write_complete_checkpoint(run_dir: Path, step: int) -> None:
@@ -201,6 +203,8 @@ def test_slurm_requeued_preemption_is_expedited_once(world):
     world["watcher"].tick()
     world["watcher"].tick()
     assert world["slurm"].commands == [["scontrol", "update", "JobId=9", "StartTime=now"]]
+    (event,) = [json.loads(line) for line in (world["root"] / "r" / "events.jsonl").read_text().splitlines()]
+    assert event["action"] == "expedite" and event["attempt"] == 1  # the attempt that ended, counted from 1
     assert world["ledger"].run("r").phase == "pending"
     assert any("expedite" in line for line in world["out"])
 
@@ -282,3 +286,30 @@ def test_reconcile_intent_without_job_id(world, slurm_knows_it):
     else:
         assert world["submit"].calls and latest.job_id == "500"
         assert "abandoned" in ledger.submissions("r")[-2].error
+
+
+def write_loss_events(tb_dir: Path, losses: Dict[int, float]) -> None:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(tb_dir))
+    for step, loss in sorted(losses.items()):
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="train/loss", simple_value=loss)])
+        writer.add_event(event_pb2.Event(step=step, wall_time=1_800_000_000.0 + step, summary=summary))
+    writer.close()
+
+
+def test_nan_loss_rolls_back_past_the_divergence_and_lowers_lr(world):
+    """TensorBoard says the loss went NaN at step 25: resume from step 20's checkpoint with half the LR."""
+    run_dir = add_run(world, "r", "7", log="[hpc_agent] step 24 loss 2.1\n", lr=1e-3)
+    for step in (10, 20, 30):
+        write_complete_checkpoint(run_dir, step)
+    write_loss_events(run_dir / "tb", {s: (float("nan") if s >= 25 else 3.0 - s / 100) for s in range(1, 31)})
+    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|65:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
+    world["watcher"].tick()
+    (call,) = world["submit"].calls
+    assert call["cfg"].train.lr == pytest.approx(5e-4)
+    (decision,) = world["ledger"].decisions("r")
+    assert decision.cause == "diverged" and decision.decision["rollback_to_step"] == 20
+    assert (run_dir / "checkpoints" / "set_aside" / "step_00000030").is_dir()
+    assert (run_dir / "checkpoints" / "step_00000020").is_dir()

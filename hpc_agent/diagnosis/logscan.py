@@ -82,7 +82,12 @@ _KILLS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # launch/'s own handler: SIGUSR2 is our --signal=USR2@lead, the time-limit warning. Its SIGTERM line
     # is not a kill here: SIGTERM also comes from a person's scancel, which must not be requeued.
     (Cause.TIMEOUT, _rx(r"\[hpc_agent\] signal SIGUSR2 at step")),
+    # ...unless the job saw plenty of time left: then SIGUSR2 was Slurm's preemption notice
+    # (SlurmctldParameters=preempt_send_user_signal sends the job's --signal when preemption starts).
+    (Cause.PREEMPTED, _rx(r"\[hpc_agent\] SIGUSR2 with .* left before the time limit: a preemption notice")),
 )
+_USR2_SAVE = _rx(r"\[hpc_agent\] signal SIGUSR2 at step")
+_USR2_PREEMPTION = _rx(r"a preemption notice")
 
 # --- faults, most specific first: the first pattern that matches a line names its cause -----------
 _HW_XIDS = {48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120}
@@ -300,6 +305,9 @@ def scan_log(log: LogText, source_index: int = 0, known_nodes: Sequence[str] = (
         findings.append(Finding(cause, kind, log.name, source_index, line_no, line.strip()[:300],
                                 parse_timestamp(line, year), rank, node,
                                 int(step.group(1)) if step and cause == Cause.DIVERGED else None))
+    if any(f.cause == Cause.PREEMPTED and _USR2_PREEMPTION.search(f.line) for f in findings):
+        # The job said its SIGUSR2 was a preemption notice: its "signal SIGUSR2" save line is not a time limit.
+        findings = [f for f in findings if not (f.cause == Cause.TIMEOUT and _USR2_SAVE.search(f.line))]
     return findings
 
 

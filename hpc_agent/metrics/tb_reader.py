@@ -1,0 +1,217 @@
+"""Incremental reading of TensorBoard scalars from a run's event files (login node: no torch, no TF).
+
+Built on TensorBoard's own ``RawEventFileLoader``: it keeps its offset between ``Load()`` calls and, when
+the last record is only partly written, stops there and retries that record on the next call. So each
+``update()`` reads only the bytes appended since the previous one; files that did not grow are not read
+at all (one ``os.stat`` each).
+
+Our training job writes one event file per attempt into ``<run_dir>/tb/`` (suffix ``.attempt<N>``), opened
+with ``purge_step``: its first record is a SessionLog START at S+1, on which TensorBoard drops whatever
+older files logged at steps >= S+1 (see ``launch/tblog.py``). ``series()`` applies the same rule, and
+where attempts still overlap the newest file wins, so each step has exactly one point.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+EVENT_GLOB = "events.out.tfevents.*"
+RECORD_OVERHEAD = 16
+"""TFRecord framing around each event: u64 length, u32 crc of the length, data, u32 crc of the data."""
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    wall_time: float
+    value: float
+
+
+def _file_order_key(name: str) -> Tuple[int, int, str]:
+    """Oldest first: the writer's creation time in the name, then ``.attemptN``, then the name."""
+    m = re.search(r"tfevents\.(\d+)", name)
+    created = int(m.group(1)) if m else 0
+    a = re.search(r"\.attempt(\d+)$", name)
+    attempt = int(a.group(1)) if a else -1
+    return (created, attempt, name)
+
+
+def _op_error() -> type:
+    from tensorboard.compat import tf
+
+    return tf.errors.OpError
+
+
+class _FileState:
+    """One event file: its loader, how many bytes were consumed, and the points read from it."""
+
+    def __init__(self, path: Path):
+        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+
+        self.path = path
+        self.name = path.name
+        st = os.stat(path)
+        self.ino = (st.st_dev, st.st_ino)
+        self.size_seen = -1
+        self.offset = 0
+        """Bytes of complete records consumed so far."""
+        self.records = 0
+        self.purge_step: Optional[int] = None
+        """Step of this file's SessionLog START (``purge_step``), if it has one."""
+        self.points: Dict[str, List[Point]] = {}
+        self.ignored_tags: set = set()
+        """Tags whose summary metadata names a plugin other than scalars (text, histograms, ...)."""
+        self.loader = RawEventFileLoader(str(path))
+
+
+class RunScalars:
+    """Scalars of one run directory (``<run_dir>/tb``), read incrementally."""
+
+    def __init__(self, tb_dir, tags: Optional[Sequence[str]] = None):
+        self.tb_dir = Path(tb_dir)
+        self._wanted = set(tags) if tags is not None else None
+        self._files: Dict[str, _FileState] = {}
+        self._series_cache: Dict[str, List[Point]] = {}
+        self.bytes_read = 0
+        """Bytes of complete records read by all ``update()`` calls together (for tests and benchmarks)."""
+        self.records_read = 0
+
+    # --- reading ------------------------------------------------------------------------------------
+    def update(self) -> int:
+        """Read whatever was appended to the event files since the last call; returns the new points.
+
+        New files are picked up. A file that shrank below what was already read, or was replaced by another
+        file (new inode), is read again from its start and its old points are dropped."""
+        if not self.tb_dir.is_dir():
+            return 0
+        paths = sorted((p for p in self.tb_dir.rglob(EVENT_GLOB) if p.is_file()),
+                       key=lambda p: _file_order_key(p.name))
+        present = {str(p) for p in paths}
+        changed = False
+        for key in [k for k in self._files if k not in present]:  # deleted: forget its points
+            del self._files[key]
+            changed = True
+        new_points = 0
+        for path in paths:
+            key = str(path)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            state = self._files.get(key)
+            if state is not None and ((st.st_dev, st.st_ino) != state.ino or st.st_size < state.offset):
+                state = None  # replaced or truncated: start over
+                changed = True
+            if state is None:
+                try:
+                    state = _FileState(path)
+                except (FileNotFoundError, OSError):
+                    continue
+                self._files[key] = state
+                changed = True
+            if st.st_size == state.size_seen:
+                continue  # nothing appended: do not touch the file
+            state.size_seen = st.st_size
+            try:
+                n = self._read_new(state)
+            except Exception as e:  # the file vanished mid-read (TensorBoard's NotFoundError is no OSError)
+                if os.path.exists(path) and not isinstance(e, (OSError, _op_error())):
+                    raise
+                del self._files[key]  # start over from its beginning next time
+                changed = True
+                continue
+            if n:
+                changed = True
+            new_points += n
+        if changed:
+            self._series_cache.clear()
+        return new_points
+
+    def _read_new(self, state: _FileState) -> int:
+        from tensorboard.compat.proto import event_pb2
+
+        count = 0
+        start_offset = state.offset
+        wanted = self._wanted
+        for record in state.loader.Load():
+            state.offset += len(record) + RECORD_OVERHEAD
+            state.records += 1
+            self.records_read += 1
+            event = event_pb2.Event.FromString(record)
+            what = event.WhichOneof("what")
+            if what == "session_log":
+                if event.session_log.status == event.session_log.START:
+                    state.purge_step = int(event.step)
+                continue
+            if what != "summary":
+                continue
+            for value in event.summary.value:
+                tag = value.tag
+                if wanted is not None and tag not in wanted:
+                    continue
+                number = self._scalar(value, state)
+                if number is None:
+                    continue
+                state.points.setdefault(tag, []).append(Point(int(event.step), float(event.wall_time), number))
+                count += 1
+        self.bytes_read += state.offset - start_offset
+        return count
+
+    @staticmethod
+    def _scalar(value, state: _FileState) -> Optional[float]:
+        """The scalar in one ``Summary.Value`` (``simple_value`` or a one-element numeric tensor), else None."""
+        tag = value.tag
+        if value.HasField("metadata") and value.metadata.plugin_data.plugin_name:
+            if value.metadata.plugin_data.plugin_name != "scalars":
+                state.ignored_tags.add(tag)
+                return None
+            state.ignored_tags.discard(tag)
+        if tag in state.ignored_tags:
+            return None
+        kind = value.WhichOneof("value")
+        if kind == "simple_value":
+            return float(value.simple_value)
+        if kind == "tensor":
+            from tensorboard.util import tensor_util
+
+            try:
+                array = tensor_util.make_ndarray(value.tensor)
+            except Exception:  # an odd dtype: not a scalar we can use
+                return None
+            if array.size != 1 or array.dtype.kind not in "biuf":
+                return None  # text (strings) and anything bigger than a scalar
+            return float(array.reshape(()).item())
+        return None  # images, histograms, audio
+
+    # --- queries ------------------------------------------------------------------------------------
+    def _ordered_files(self) -> List[_FileState]:
+        return sorted(self._files.values(), key=lambda s: _file_order_key(s.name))
+
+    def tags(self) -> List[str]:
+        return sorted({t for s in self._files.values() for t, pts in s.points.items() if pts})
+
+    def raw(self, tag: str) -> List[Tuple[str, Point]]:
+        """``(file name, point)`` for every point of ``tag``, oldest file first, in write order within a
+        file; nothing dropped (attempt boundaries and overlaps are visible here)."""
+        return [(state.name, p) for state in self._ordered_files() for p in state.points.get(tag, ())]
+
+    def series(self, tag: str) -> List[Point]:
+        """One point per step, sorted by step. An attempt's ``purge_step`` drops the points older files
+        logged at steps >= it; where files still overlap, the newest file's point wins."""
+        cached = self._series_cache.get(tag)
+        if cached is not None:
+            return list(cached)
+        files = self._ordered_files()
+        by_step: Dict[int, Point] = {}
+        for state in files:
+            if state.purge_step is not None:
+                for step in [s for s in by_step if s >= state.purge_step]:
+                    del by_step[step]
+            for point in state.points.get(tag, ()):
+                by_step[point.step] = point  # later (newer) wins
+        result = [by_step[s] for s in sorted(by_step)]
+        self._series_cache[tag] = result
+        return list(result)

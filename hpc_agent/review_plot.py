@@ -1,0 +1,127 @@
+"""Plotting and boundary labels for ``hpc_agent.review``; matplotlib is imported only inside ``plot_runs``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Sequence
+
+NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
+
+
+def _short_key(dotted: str) -> str:
+    """``train.micro_batch_size`` -> ``micro_batch``; ``slurm.exclude`` -> ``exclude``."""
+    key = dotted.rsplit(".", 1)[-1]
+    return key[: -len("_size")] if key.endswith("_size") else key
+
+
+def _fmt(value: Any) -> str:
+    if value is None or value == "":
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def event_label(record: Mapping[str, Any]) -> str:
+    """One events.jsonl record as a marker label: ``preempted`` or ``gpu_oom: micro_batch 8→4``."""
+    cause = str(record.get("cause") or (record.get("decision") or {}).get("cause") or record.get("action") or "?")
+    diff = record.get("config_diff") or {}
+    changes = [f"{_short_key(k)} {_fmt(v.get('from'))}→{_fmt(v.get('to'))}"
+               for k, v in sorted(diff.items()) if isinstance(v, Mapping)]
+    return f"{cause}: {', '.join(changes)}" if changes else cause
+
+
+def boundary_labels(events: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """``[{"attempt": N, "label": str, "time": iso|None}]``: one per attempt boundary, in order.
+
+    ``attempt`` is the 0-based index of the attempt that starts at the boundary; the watcher writes the
+    1-based number of the attempt that ended, which is the same number. Records without one are taken
+    in order. Several records for the same boundary (an expedite, then a decision) are merged.
+    """
+    out: List[Dict[str, Any]] = []
+    for record in events:
+        cause = record.get("cause")
+        if cause in NO_BOUNDARY_CAUSES or record.get("action") == "done":
+            continue
+        attempt = record.get("attempt")
+        if not isinstance(attempt, int):
+            attempt = (out[-1]["attempt"] + 1) if out else 1
+        label = event_label(record)
+        same = [b for b in out if b["attempt"] == attempt]
+        if same:
+            if label not in same[0]["label"].split("; "):
+                # a decision with a config diff says more than a bare cause: keep the richer label first
+                merged = [label] + [p for p in same[0]["label"].split("; ") if p not in label]
+                same[0]["label"] = "; ".join(sorted(set(merged), key=merged.index))
+            continue
+        out.append({"attempt": attempt, "label": label, "time": record.get("time")})
+    return sorted(out, key=lambda b: b["attempt"])
+
+
+def _label(ax, x: float, y: float, text: str, color: str) -> None:
+    """A boxed label beside a marker line; on the left of it when the line is in the right half."""
+    lo, hi = ax.get_xlim()
+    right_half = hi > lo and (x - lo) / (hi - lo) > 0.5
+    ax.text(x, y, text, color=color, fontsize=8, va="top", ha="right" if right_half else "left",
+            transform=ax.get_xaxis_transform(), zorder=5,
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": color, "lw": 0.6, "alpha": 0.9})
+
+
+def plot_runs(runs: Sequence[Mapping[str, Any]], out: Path) -> Path:
+    """One row per run: loss and LR against step (twin axes), samples/s against wall time; one
+    vertical marker per attempt boundary in both panels, labelled with its cause/decision."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    from datetime import datetime
+
+    rows = max(1, len(runs))
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 4.2 * rows), squeeze=False)
+    colors = ["tab:red", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"]
+    for row, run in zip(axes, runs):
+        ax_loss, ax_tp = row
+        curves = run.get("_curves", {})
+        loss = curves.get("train/loss", [])
+        lr = curves.get("train/lr", [])
+        tp = curves.get("perf/samples_per_s", [])
+        ax_loss.plot([p[0] for p in loss], [p[2] for p in loss], color="tab:blue", label="train/loss")
+        lost = curves.get("lost_loss", [])
+        if lost:
+            ax_loss.plot([p[0] for p in lost], [p[2] for p in lost], "x", ms=4, color="0.5",
+                         label=f"lost: {len(lost)} steps re-run")
+        ax_loss.set_xlabel("step")
+        ax_loss.set_ylabel("loss", color="tab:blue")
+        ax_loss.set_title(f"{run['run_id']}: loss and LR")
+        ax_top = ax_loss  # labels go on the topmost axes, above every curve
+        if lr:
+            ax_lr = ax_top = ax_loss.twinx()
+            ax_lr.plot([p[0] for p in lr], [p[2] for p in lr], color="tab:orange", label="train/lr")
+            ax_lr.set_ylabel("learning rate", color="tab:orange")
+            ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+            handles = ax_loss.get_legend_handles_labels()
+            extra = ax_lr.get_legend_handles_labels()
+            ax_loss.legend(handles[0] + extra[0], handles[1] + extra[1], loc="center right", fontsize=8)
+        ax_tp.plot([datetime.fromtimestamp(p[1]) for p in tp], [p[2] for p in tp], ".", ms=3, color="tab:green")
+        ax_tp.set_xlabel("wall time")
+        ax_tp.set_ylabel("samples/s", color="tab:green")
+        ax_tp.set_title(f"throughput (median {run.get('throughput') or 0:.1f}/s), ETTR {run.get('ettr') or 0:.2f}")
+        ax_tp.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=4, maxticks=8))
+        ax_tp.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+        for i, b in enumerate(run.get("boundaries", [])):
+            color = colors[i % len(colors)]
+            text = f"attempt {b['attempt']}: {b['label']}"
+            y = 0.97 - 0.09 * i  # staggered, so boundaries at the same step stay readable
+            if b.get("step") is not None:
+                ax_loss.axvline(b["step"] - 0.4 * i, color=color, ls="--", lw=1.2)
+                _label(ax_top, b["step"], y, text, color)
+            if b.get("wall_time") is not None:
+                when = datetime.fromtimestamp(b["wall_time"])
+                ax_tp.axvline(when, color=color, ls="--", lw=1.2)
+                _label(ax_tp, mdates.date2num(when), y, text, color)
+    fig.tight_layout()
+    fig.canvas.draw()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

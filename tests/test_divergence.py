@@ -1,0 +1,126 @@
+"""Divergence alarms: a table of runs (healthy noisy runs and one kind of trouble each) -> (kind, start step)."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from hpc_agent.diagnosis.alarms import Alarm as LegacyAlarm
+from hpc_agent.metrics.divergence import (GRAD_EXPLOSION, LEGACY_KIND, LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS,
+                                          STALLED_THROUGHPUT, Alarm, detect)
+from hpc_agent.metrics.tb_reader import Point
+
+N = 1000
+
+
+def healthy(seed: int):
+    """A noisy but healthy run: decaying loss, log-normal grad norms, FP16 loss scale that calibrates down
+    a few times at the start and grows back, throughput with a slow warm-up."""
+    rng = random.Random(seed)
+    loss, grad, scale, tput = [], [], [], []
+    s = 65536.0
+    for step in range(1, N + 1):
+        loss.append(Point(step, 1000.0 + step, 2.0 * math.exp(-step / 300) + 1.0 + rng.gauss(0, 0.05)))
+        grad.append(Point(step, 1000.0 + step, (1.5 - step / N) * math.exp(rng.gauss(0, 0.3))))
+        if step in (2, 3, 4):
+            s /= 2  # initial calibration: 65536 -> 8192
+        elif step % 250 == 0:
+            s *= 2
+        scale.append(Point(step, 1000.0 + step, s))
+        tput.append(Point(step, 1000.0 + step, (20.0 if step <= 3 else 100.0) + rng.gauss(0, 5)))
+    return {"loss": loss, "grad_norm": grad, "loss_scale": scale, "throughput": tput}
+
+
+def with_values(points, start, fn, stop=None):
+    return [Point(p.step, p.wall_time, fn(p.value, p.step)) if p.step >= start and (stop is None or p.step < stop)
+            else p for p in points]
+
+
+def nan_at(run):
+    run["loss"] = with_values(run["loss"], 400, lambda v, s: float("nan"))
+    return run
+
+
+def inf_at(run):
+    run["loss"] = with_values(run["loss"], 300, lambda v, s: float("inf") if s == 300 else v)
+    return run
+
+
+def spike(run):
+    run["loss"] = with_values(run["loss"], 600, lambda v, s: v + 3.0, stop=620)
+    return run
+
+
+def grad_explosion(run):
+    run["grad_norm"] = with_values(run["grad_norm"], 500, lambda v, s: v * 100.0 * (1 + (s - 500) / 10))
+    return run
+
+
+def scale_collapse(run):
+    # from step 700 the scale halves every 5 steps until the minimum 1.0 (DeepSpeed stops halving there)
+    before = {p.step: p.value for p in run["loss_scale"]}
+    start_value = before[699]
+
+    def collapse(v, s):
+        halvings = (s - 700) // 5 + 1
+        return max(1.0, start_value / 2 ** halvings)
+
+    run["loss_scale"] = with_values(run["loss_scale"], 700, collapse)
+    return run
+
+
+def stall(run):
+    run["throughput"] = with_values(run["throughput"], 800, lambda v, s: 10.0, stop=850)
+    return run
+
+
+def single_blip(run):
+    run["loss"] = with_values(run["loss"], 450, lambda v, s: v + 3.0, stop=451)  # one bad batch, recovers
+    run["grad_norm"] = with_values(run["grad_norm"], 450, lambda v, s: v * 50, stop=452)
+    return run
+
+
+CASES = [
+    ("nan", nan_at, [(NAN_LOSS, 400)]),
+    ("inf", inf_at, [(NAN_LOSS, 300)]),
+    ("spike", spike, [(LOSS_SPIKE, 600)]),
+    ("grad_explosion", grad_explosion, [(GRAD_EXPLOSION, 500)]),
+    ("loss_scale_collapse", scale_collapse, [(LOSS_SCALE_COLLAPSE, 700)]),
+    ("stalled_throughput", stall, [(STALLED_THROUGHPUT, 800)]),
+    ("single_blip_is_not_divergence", single_blip, []),
+    ("healthy", lambda run: run, []),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
+@pytest.mark.parametrize("name,make,expected", CASES, ids=[c[0] for c in CASES])
+def test_table(name, make, expected, seed):
+    run = make(healthy(seed))
+    alarms = detect(run["loss"], run["grad_norm"], run["loss_scale"], run["throughput"])
+    assert [(a.kind, a.step) for a in alarms] == expected, alarms
+    assert all(isinstance(a, LegacyAlarm) and a.detail for a in alarms)
+
+
+def test_several_troubles_ordered_by_start_and_pairs_accepted():
+    run = stall(grad_explosion(healthy(7)))
+    pairs = {k: [(p.step, p.value) for p in v] for k, v in run.items()}
+    alarms = detect(**pairs)
+    assert [(a.kind, a.step) for a in alarms] == [(GRAD_EXPLOSION, 500), (STALLED_THROUGHPUT, 800)]
+
+
+def test_empty_and_short_series():
+    assert detect([]) == []
+    assert detect([(1, 2.0), (2, 50.0)]) == []
+    assert detect([(1, 2.0), (2, float("nan"))]) == [Alarm(NAN_LOSS, 2, "train/loss is nan at step 2")]
+
+
+def test_loss_scale_already_low_needs_a_chain_of_halvings():
+    # a scale that starts low and sits near the minimum without a run of halvings is not a collapse
+    assert detect([], loss_scale=[(s, 2.0) for s in range(100)]) == []
+    chain = [(s, max(1.0, 1024.0 / 2 ** max(0, s - 9))) for s in range(30)]  # halves every step from step 10
+    assert [(a.kind, a.step) for a in detect([], loss_scale=chain)] == [(LOSS_SCALE_COLLAPSE, 10)]
+
+
+def test_legacy_kind_mapping():
+    assert LEGACY_KIND == {NAN_LOSS: "nonfinite_loss", LOSS_SCALE_COLLAPSE: "loss_scale_at_minimum"}
