@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, cleanup_jobs, last_step, log_text,  # noqa: E402
+from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, last_step, log_text,  # noqa: E402
                                  preempt_all_nodes, submit, wait_for)
 
 
