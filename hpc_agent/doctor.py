@@ -1,0 +1,326 @@
+"""python -m hpc_agent.doctor [CONFIG] [key=value ...] [--data PATH [--out FILE.yaml]] [--json]
+
+Checks that a training job can run here before it is submitted: Slurm answers, accounting is on, the
+partitions and their GPUs, the config is valid and sbatch would accept its resources (``--test-only``
+submits nothing), GPU health and the memory estimate. Each check prints ``OK|WARN|FAIL  name: detail``;
+the exit code is 1 when any check FAILs, else 0. Runs on login nodes: imports neither torch nor deepspeed.
+
+``--data PATH`` instead infers the ``data`` section of a config from a dataset file and writes it as
+YAML to ``--out`` (or stdout).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, List, Optional, Sequence
+
+from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+SINFO_FORMAT = "%P|%D|%c|%m|%G|%a"
+
+
+@dataclass
+class Check:
+    level: str
+    name: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.level:<4}  {self.name}: {self.detail}"
+
+
+@dataclass
+class Partition:
+    name: str
+    default: bool
+    nodes: int
+    cpus: str
+    mem_mb: str
+    gres: str
+    avail: str
+
+    @property
+    def gpus(self) -> int:
+        return gpus_in_gres(self.gres)
+
+
+def gpus_in_gres(gres: str) -> int:
+    """GPUs per node in a sinfo ``%G`` value: ``gpu:a100:4(S:0-1),gpu:2`` -> 6; ``(null)`` -> 0."""
+    total = 0
+    for item in re.sub(r"\([^)]*\)", "", gres or "").split(","):
+        parts = item.strip().split(":")
+        if parts[0] != "gpu":
+            continue
+        count = parts[-1] if len(parts) > 1 else "1"
+        total += int(count) if count.isdigit() else 1
+    return total
+
+
+def parse_sinfo(text: str) -> List[Partition]:
+    """Lines of ``sinfo --noheader --format "%P|%D|%c|%m|%G|%a"``; a default partition ends in ``*``."""
+    parts: List[Partition] = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < 6 or not fields[0]:
+            continue
+        name, nodes, cpus, mem, gres, avail = fields[:6]
+        parts.append(Partition(name.rstrip("*"), name.endswith("*"), int(nodes) if nodes.isdigit() else 0,
+                               cpus, mem, gres, avail))
+    return parts
+
+
+def partition_table(parts: Sequence[Partition]) -> List[str]:
+    rows = [("partition", "nodes", "cpus/node", "mem/node", "gpus/node", "state")]
+    for p in parts:
+        gpus = f"{p.gpus} ({p.gres})" if p.gpus else "none"
+        mem = f"{int(p.mem_mb) // 1024} GiB" if p.mem_mb.isdigit() and int(p.mem_mb) >= 1024 else f"{p.mem_mb} MB"
+        rows.append((p.name + (" (default)" if p.default else ""), str(p.nodes), p.cpus, mem, gpus, p.avail))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["      " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def sbatch_test_argv(slurm: Any) -> List[str]:
+    """``sbatch --test-only`` with the job's real resources (submits nothing)."""
+    argv = ["sbatch", "--test-only", "--job-name", "hpc-agent-doctor", "--nodes", str(slurm.nodes),
+            "--ntasks-per-node", str(slurm.tasks_per_node), "--cpus-per-task", str(slurm.cpus_per_task),
+            "--time", str(slurm.time)]
+    for option, value in (("--partition", slurm.partition), ("--account", slurm.account), ("--qos", slurm.qos),
+                          ("--mem", slurm.mem), ("--constraint", slurm.constraint), ("--exclude", slurm.exclude)):
+        if value:
+            argv += [option, str(value)]
+    if slurm.gpus_per_node:
+        argv += ["--gres", f"gpu:{slurm.gpus_per_node}"]
+    return argv + ["--wrap", "true"]
+
+
+def summarize(checks: Sequence[Check]) -> tuple[int, str]:
+    """Exit code (1 on any FAIL) and the summary line."""
+    fails = [c.name for c in checks if c.level == FAIL]
+    warns = [c.name for c in checks if c.level == WARN]
+    oks = sum(c.level == OK for c in checks)
+    if fails:
+        return 1, f"{len(fails)} blocker(s): {', '.join(fails)}; {len(warns)} warning(s), {oks} OK. Fix the FAILs before submitting."
+    if warns:
+        return 0, f"no blockers; {len(warns)} warning(s) ({', '.join(warns)}), {oks} OK."
+    return 0, f"all {oks} checks OK."
+
+
+# --- checks -------------------------------------------------------------------------------------
+
+def check_slurm(cli: SlurmCLI) -> tuple[List[Check], Optional[List[Partition]]]:
+    checks: List[Check] = []
+    parts: Optional[List[Partition]] = None
+    try:
+        out = cli.run(["sinfo", "--noheader", "--format", SINFO_FORMAT], timeout_s=15).stdout
+        parts = parse_sinfo(out)
+        checks.append(Check(OK if parts else FAIL, "slurm", f"sinfo answers, {len(parts)} partition(s)"
+                            if parts else "sinfo answers but lists no partitions"))
+    except SlurmError as exc:
+        checks.append(Check(FAIL, "slurm", f"sinfo does not answer: {exc}"))
+    try:
+        cli.run(["sacct", "--parsable2", "--noheader", "--starttime", "now-1minutes", "--format", "JobID"], timeout_s=15)
+        checks.append(Check(OK, "accounting", "sacct answers"))
+    except SlurmError as exc:
+        checks.append(Check(FAIL, "accounting", f"sacct does not answer (the watcher needs accounting): {exc}"))
+    if parts:
+        gpu_parts = [f"{p.name} ({p.gpus}/node)" for p in parts if p.gpus]
+        detail = ("GPUs on " + ", ".join(gpu_parts)) if gpu_parts else "no GPUs (gres) on any partition"
+        checks.append(Check(OK, "partitions", detail))
+    return checks, parts
+
+
+def check_config(config: str, overrides: Sequence[str]) -> tuple[Check, Any]:
+    from hpc_agent.config.load import load_config
+    from hpc_agent.config.problems import ConfigError
+
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as exc:
+        problems = "; ".join(str(p) for p in exc.problems)
+        return Check(FAIL, "config", f"{len(exc.problems)} problem(s): {problems}"), None
+    return Check(OK, "config", f"{config} is valid (workload {cfg.train.workload}, {cfg.slurm.nodes} node(s) x "
+                              f"{cfg.slurm.tasks_per_node} task(s), {cfg.slurm.gpus_per_node} GPU(s)/node)"), cfg
+
+
+def check_sbatch(cli: SlurmCLI, cfg: Any, parts: Optional[List[Partition]]) -> List[Check]:
+    s = cfg.slurm
+    checks: List[Check] = []
+    argv = sbatch_test_argv(s)
+    try:
+        res = cli.run(argv, check=False, timeout_s=20)
+        msg = " / ".join(l.strip() for l in (res.stderr + res.stdout).splitlines() if l.strip())
+        if res.returncode == 0:
+            checks.append(Check(OK, "sbatch --test-only", f"partition {s.partition or '(default)'} accepts the job: {msg}"))
+        else:
+            what = ", ".join(f"{k} {v}" for k, v in (("partition", s.partition), ("account", s.account),
+                                                     ("qos", s.qos)) if v) or "the default partition"
+            checks.append(Check(FAIL, "sbatch --test-only", f"sbatch rejects the job ({what}): {msg}"))
+    except SlurmError as exc:
+        checks.append(Check(FAIL, "sbatch --test-only", str(exc)))
+    if s.gpus_per_node and parts is not None:
+        target = next((p for p in parts if p.name == s.partition), None) if s.partition else \
+            next((p for p in parts if p.default), None)
+        if target is not None and target.gpus == 0:
+            checks.append(Check(FAIL, "gpus", f"slurm.gpus_per_node={s.gpus_per_node} but partition "
+                                              f"{target.name} has no GPU gres"))
+        elif target is not None and target.gpus < s.gpus_per_node:
+            checks.append(Check(FAIL, "gpus", f"slurm.gpus_per_node={s.gpus_per_node} but partition "
+                                              f"{target.name} has {target.gpus} GPU(s)/node"))
+    return checks
+
+
+def _gpu_mem_bytes(readings: Any) -> Optional[int]:
+    """Smallest total memory over the GPU readings, when health reports it."""
+    sizes = []
+    for r in readings or []:
+        for attr, scale in (("memory_total_mb", 2**20), ("memory_total_bytes", 1), ("memory_total_mib", 2**20)):
+            value = getattr(r, attr, None) if not isinstance(r, dict) else r.get(attr)
+            if isinstance(value, (int, float)) and value > 0:
+                sizes.append(int(value * scale))
+                break
+    return min(sizes) if sizes else None
+
+
+def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
+    try:
+        from hpc_agent import health  # lazy: written separately
+    except ImportError:
+        return [Check(WARN, "gpu health", "not available (hpc_agent.health is not installed)")], [], None
+    try:
+        readings, error = health.read_gpus()
+        verdicts = health.judge_all(readings, error)
+    except Exception as exc:  # noqa: BLE001 - a health probe must never crash the doctor
+        return [Check(WARN, "gpu health", f"could not read GPUs: {exc}")], [], None
+    verdicts = verdicts if isinstance(verdicts, (list, tuple)) else [verdicts]
+    checks: List[Check] = []
+    for v in verdicts:
+        level = getattr(v, "level", "WARN")
+        reasons = "; ".join(getattr(v, "reasons", []) or []) or str(error or level)
+        if level == "NO_GPU":
+            checks.append(Check(WARN, "gpu health", f"no GPU on this machine (no NVIDIA driver / nvidia-smi): {reasons}"))
+        else:
+            checks.append(Check({"OK": OK, "WARN": WARN}.get(level, FAIL), "gpu health", reasons))
+    report: List[str] = []
+    if readings:
+        try:
+            report = str(health.format_report(readings, verdicts)).splitlines()
+        except Exception:  # noqa: BLE001
+            report = []
+    return checks or [Check(WARN, "gpu health", str(error or "no readings"))], report, _gpu_mem_bytes(readings)
+
+
+def check_memory(cfg: Any, gpu_bytes: Optional[int]) -> List[Check]:
+    try:
+        from hpc_agent import memory  # lazy: written separately
+    except ImportError:
+        return [Check(WARN, "memory", "not available (hpc_agent.memory is not installed)")]
+    try:
+        est = memory.estimate_from_config(cfg)
+    except Exception as exc:  # noqa: BLE001
+        return [Check(WARN, "memory", f"could not estimate: {exc}")]
+    total = est.total_bytes
+    gib = total / 2**30
+    if not gpu_bytes:
+        return [Check(OK, "memory", f"estimate {gib:.2f} GiB per GPU (GPU memory unknown here, not compared)")]
+    if total <= gpu_bytes:
+        return [Check(OK, "memory", f"estimate {gib:.2f} GiB per GPU fits in {gpu_bytes / 2**30:.1f} GiB")]
+    fit = None
+    try:
+        fit = memory.cheapest_fit(cfg, gpu_bytes)
+    except Exception:  # noqa: BLE001
+        pass
+    hint = (f"; cheapest fit: {fit[1]} ({' '.join(f'{k}={v}' for k, v in fit[0].items())})" if fit
+            else "; no config change found that fits")
+    return [Check(FAIL, "memory", f"estimate {gib:.2f} GiB per GPU does not fit in {gpu_bytes / 2**30:.1f} GiB{hint}")]
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc_agent.doctor",
+        description="Check that Slurm, the partitions, the config, the GPUs and memory are ready for a job; "
+                    "or (--data) infer a config's data section from a dataset file.",
+        epilog="Examples: python -m hpc_agent.doctor quickstart slurm.partition=high | "
+               "python -m hpc_agent.doctor --data train.csv --out data.yaml")
+    parser.add_argument("config", nargs="?", help="YAML config: a path or a name in configs/ (e.g. quickstart)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    parser.add_argument("--data", metavar="PATH", help="dataset file (csv/tsv/jsonl/text): infer the data section")
+    parser.add_argument("--out", metavar="FILE.yaml", help="with --data: write the YAML here instead of stdout")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    return parser
+
+
+def run_data(path: str, out: Optional[str], as_json: bool) -> int:
+    from hpc_agent.data_config import infer_file, render_yaml
+
+    try:
+        info = infer_file(path)
+    except (OSError, ValueError) as exc:
+        print(f"FAIL  data: {exc}", file=sys.stderr)
+        return 1
+    text = render_yaml(info)
+    if as_json:
+        print(json.dumps(info, default=str, indent=2))
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        detail = (f"{info['num_classes']} classes, ratio {info['imbalance_ratio']}, method {info['imbalance_method']}"
+                  if info["workload"] == "classifier" else "text corpus: gpt workload")
+        print(f"OK    data: {info['format']}, {detail}; wrote {out}", file=sys.stderr if as_json else sys.stdout)
+    elif not as_json:
+        print(text, end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_intermixed_args(argv)
+    if args.out and not args.data:
+        build_parser().error("--out needs --data")
+    if args.data:
+        return run_data(args.data, args.out, args.json)
+
+    checks: List[Check] = []
+    extra: dict = {}
+    cli = SlurmCLI()
+    if SlurmCLI.available():
+        slurm_checks, parts = check_slurm(cli)
+    else:
+        slurm_checks, parts = [Check(FAIL, "slurm", "sbatch is not on PATH (not a Slurm login node?)")], None
+    checks += slurm_checks
+    if parts:
+        extra["partitions"] = partition_table(parts)
+    cfg = None
+    if args.config:
+        config_check, cfg = check_config(args.config, args.overrides)
+        checks.append(config_check)
+        if cfg is not None and parts is not None:
+            checks += check_sbatch(cli, cfg, parts)
+    health_checks, report, gpu_bytes = check_gpu_health()
+    checks += health_checks
+    if report:
+        extra["gpu report"] = report
+    if cfg is not None:
+        checks += check_memory(cfg, gpu_bytes)
+    code, summary = summarize(checks)
+
+    if args.json:
+        print(json.dumps({"checks": [asdict(c) for c in checks], "partitions": [asdict(p) for p in parts or []],
+                          "summary": summary, "exit_code": code}, indent=2))
+        return code
+    for check in checks:
+        print(check.line())
+        if check.name == "partitions":
+            print("\n".join(extra.get("partitions", [])))
+        if check.name == "gpu health" and report and check is health_checks[-1]:
+            print("\n".join("      " + l for l in report))
+    print(("FAILED: " if code else "READY: ") + summary)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Per-GPU memory estimate for a training config (pure arithmetic, no torch).
+
+Model states per parameter (AdamW, DeepSpeed):
+
+- mixed precision (fp16/bf16; ``auto`` counts as 16-bit, as on a GPU): 16-bit parameters 2 B, 16-bit
+  gradients 2 B, optimizer states 16 B = fp32 master weights 4 + Adam moments 4 + 4 + the fp32 gradient
+  partition the optimizer steps on 4 (ZeRO-1/2 keep it for the whole partition; ZeRO-3 builds it per
+  sub-group, default 1e9 parameters, i.e. the whole partition for models of this size).
+- fp32: parameters 4 B, gradients 4 B, optimizer states 8 B (the two moments; no master copy).
+
+ZeRO sharding across ``world_size`` ranks: stage 1 shards the optimizer states, stage 2 also the
+gradients, stage 3 also the parameters; stage 3 then holds, per rank, the gathered (parameter + gradient)
+copy of the largest layer (one transformer block) as working set.
+Offload: ``optimizer`` moves the optimizer states to host memory; ``optimizer+params`` (ZeRO-3) also moves
+the parameter shard. Host bytes are reported per rank, separately.
+
+Activations per transformer layer (Korthikanti et al. 2022, no sequence parallelism), 16-bit:
+``s*b*h*(34 + 5*a*s/h)`` bytes (s sequence, b micro-batch, h width, a heads), twice that for fp32.
+With activation checkpointing: each layer's 16-bit input ``2*s*b*h`` is kept, plus one layer's full
+activations during its recomputation. The output head adds fp32 logits and their gradient,
+``2*4*s*b*vocab``. Temporary buffers, the CUDA context and allocator fragmentation are not counted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+GPT_VOCAB = 256
+ZERO3_SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's default stage3 sub_group_size
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per GPU (per rank), and per-rank host bytes for offloaded states."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    gathered_bytes: int
+    """ZeRO-3 only: the gathered parameters + gradients of the largest layer."""
+    activation_bytes: int
+    host_bytes: int
+    assumptions: List[str] = field(default_factory=list)
+
+    @property
+    def model_state_bytes(self) -> int:
+        """GPU bytes of parameters, gradients, optimizer states and the ZeRO-3 working set."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.gathered_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model_state_bytes + self.activation_bytes
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"params_bytes": self.params_bytes, "grads_bytes": self.grads_bytes,
+                "optimizer_bytes": self.optimizer_bytes, "gathered_bytes": self.gathered_bytes,
+                "activation_bytes": self.activation_bytes, "model_state_bytes": self.model_state_bytes,
+                "total_bytes": self.total_bytes, "host_bytes": self.host_bytes, "assumptions": list(self.assumptions)}
+
+
+def gpt_param_count(n_layers: int, d_model: int, seq_len: int, vocab: int = GPT_VOCAB) -> int:
+    """Parameters of the byte-level GPT (launch/workloads/gpt.py, untied head), computed here without torch."""
+    d = d_model
+    return vocab * d + seq_len * d + n_layers * (12 * d * d + 13 * d) + 2 * d + vocab * d
+
+
+def _largest_layer(n_layers: int, d_model: int, params: int) -> int:
+    block = 12 * d_model * d_model + 13 * d_model
+    return min(params, block) if n_layers > 0 else params
+
+
+def estimate(params: int, n_layers: int, d_model: int, seq_len: int, micro_batch: int, precision: str,
+             zero_stage: int, world_size: int, offload: str = "none", activation_checkpointing: bool = False,
+             n_heads: int = 16, vocab: int = GPT_VOCAB) -> Estimate:
+    """Per-GPU memory for AdamW training of a decoder-only transformer; see the module docstring."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage}: 0, 1, 2 or 3")
+    if offload not in ("none", "optimizer", "optimizer+params"):
+        raise ValueError(f"offload={offload!r}: none, optimizer or optimizer+params")
+    n = max(1, int(world_size))
+    mixed = precision != "fp32"
+    pb = 2 if mixed else 4
+    ob = 16 if mixed else 8
+    assumptions = [
+        f"precision {precision}: {'16-bit params/grads (2+2 B), optimizer 16 B/param (fp32 master 4, Adam moments 8, fp32 grad 4)' if mixed else 'fp32 params/grads (4+4 B), optimizer 8 B/param (Adam moments)'}",
+        f"ZeRO-{zero_stage} over {n} rank(s)",
+    ]
+    p_dev = params * pb
+    g_dev = params * pb
+    o_dev = params * ob
+    gathered = 0
+    if zero_stage >= 1:
+        o_dev = -(-o_dev // n)
+    if zero_stage >= 2:
+        g_dev = -(-g_dev // n)
+    if zero_stage == 3:
+        p_dev = -(-p_dev // n)
+        largest = _largest_layer(n_layers, d_model, params)
+        gathered = 2 * pb * largest
+        assumptions.append(f"ZeRO-3 working set: gathered params+grads of the largest layer ({largest} params)")
+        if mixed and -(-params // n) > ZERO3_SUB_GROUP_SIZE:
+            o_dev = -(-params // n) * 12 + ZERO3_SUB_GROUP_SIZE * 4
+            assumptions.append("ZeRO-3: fp32 gradient held for one optimizer sub-group (1e9 params) at a time")
+    host = 0
+    if offload in ("optimizer", "optimizer+params"):
+        host += o_dev
+        o_dev = 0
+        assumptions.append("optimizer states (and fp32 grads) in host memory")
+    if offload == "optimizer+params" and zero_stage == 3:
+        host += p_dev
+        p_dev = 0
+        assumptions.append("parameter shard in host memory; only the gathered layer stays on the GPU")
+    s, b, h = seq_len, micro_batch, d_model
+    a = max(1, int(n_heads))
+    act_factor = 1 if mixed else 2
+    per_layer = int(s * b * h * (34 + 5 * a * s / h)) * act_factor
+    if activation_checkpointing:
+        acts = n_layers * 2 * act_factor * s * b * h + per_layer
+        assumptions.append("activation checkpointing: layer inputs kept, one layer recomputed at a time")
+    else:
+        acts = n_layers * per_layer
+    acts += 2 * 4 * s * b * vocab
+    assumptions.append("activations: s*b*h*(34+5*a*s/h) B per layer (16-bit), + fp32 logits and their gradient; "
+                       "CUDA context, temporary buffers and fragmentation not counted")
+    return Estimate(int(p_dev), int(g_dev), int(o_dev), int(gathered), int(acts), int(host), assumptions)
+
+
+def _ranks(cfg: Any) -> int:
+    return int(cfg.slurm.nodes) * int(cfg.slurm.tasks_per_node)
+
+
+def estimate_from_config(cfg: Any) -> Estimate:
+    """:func:`estimate` for a :class:`hpc_agent.config.schema.Config` (gpt workload sizes)."""
+    m, t = cfg.model, cfg.train
+    if getattr(t, "workload", "gpt") != "gpt":
+        raise ValueError(f"train.workload={t.workload!r}: the estimate covers the gpt workload only")
+    params = gpt_param_count(m.n_layers, m.d_model, m.seq_len)
+    return estimate(params, m.n_layers, m.d_model, m.seq_len, t.micro_batch_size, t.precision, t.zero_stage,
+                    _ranks(cfg), offload=t.offload, activation_checkpointing=t.activation_checkpointing,
+                    n_heads=m.n_heads, vocab=GPT_VOCAB)
+
+
+def _estimate_with(cfg: Any, patch: Dict[str, Any]) -> Estimate:
+    m, t = cfg.model, cfg.train
+    get = lambda key, default: patch.get(key, default)  # noqa: E731
+    params = gpt_param_count(m.n_layers, m.d_model, m.seq_len)
+    return estimate(params, m.n_layers, m.d_model, m.seq_len, get("train.micro_batch_size", t.micro_batch_size),
+                    t.precision, get("train.zero_stage", t.zero_stage), _ranks(cfg),
+                    offload=get("train.offload", t.offload),
+                    activation_checkpointing=get("train.activation_checkpointing", t.activation_checkpointing),
+                    n_heads=m.n_heads, vocab=GPT_VOCAB)
+
+
+def _candidates(cfg: Any) -> List[Tuple[Dict[str, Any], str]]:
+    t = cfg.train
+    out: List[Tuple[Dict[str, Any], str]] = []
+    mb, accum = t.micro_batch_size, t.grad_accum_steps
+    while mb % 2 == 0 and mb > 1:
+        mb, accum = mb // 2, accum * 2
+        out.append(({"train.micro_batch_size": mb, "train.grad_accum_steps": accum},
+                    f"micro-batch {t.micro_batch_size} -> {mb}, grad accumulation {t.grad_accum_steps} -> {accum} "
+                    "(same global batch)"))
+    if not t.activation_checkpointing:
+        out.append(({"train.activation_checkpointing": True}, "turn on activation checkpointing"))
+    for stage in range(t.zero_stage + 1, 4):
+        out.append(({"train.zero_stage": stage}, f"ZeRO stage {t.zero_stage} -> {stage}"))
+    if t.offload == "none":
+        stage = max(2, t.zero_stage)
+        patch: Dict[str, Any] = {"train.offload": "optimizer"}
+        if stage != t.zero_stage:
+            patch["train.zero_stage"] = stage
+        out.append((patch, f"offload the optimizer to host memory (ZeRO {stage})"))
+    if t.offload != "optimizer+params":
+        out.append(({"train.offload": "optimizer+params", "train.zero_stage": 3},
+                    "offload optimizer and parameters to host memory (ZeRO 3)"))
+    return out
+
+
+def cheapest_fit(cfg: Any, capacity_bytes: int) -> Optional[Tuple[Dict[str, Any], str]]:
+    """The first single change, in the order micro-batch halving (accumulation doubled) -> activation
+    checkpointing -> next ZeRO stage(s) -> optimizer offload (-> parameter offload), whose estimate fits
+    in ``capacity_bytes``, as ``(dotted-key patch, description)``. ``({}, ...)`` if the config already fits,
+    None if nothing does."""
+    if estimate_from_config(cfg).total_bytes <= capacity_bytes:
+        return {}, "fits as is"
+    for patch, what in _candidates(cfg):
+        if _estimate_with(cfg, patch).total_bytes <= capacity_bytes:
+            return patch, what
+    return None

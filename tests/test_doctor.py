@@ -1,0 +1,139 @@
+"""python -m hpc_agent.doctor: pure parsing/verdict logic, and the real localhost Slurm (marked slurm)."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from hpc_agent import doctor as d
+from tests.conftest import run_cli
+
+SINFO = "low*|2|2|6000|(null)|up\nhigh|2|2|6000|(null)|up\ngpu|4|64|512000|gpu:a100:4(S:0-1)|up\n\nbad line\n"
+
+
+def test_parse_sinfo():
+    parts = d.parse_sinfo(SINFO)
+    assert [p.name for p in parts] == ["low", "high", "gpu"]
+    assert [p.default for p in parts] == [True, False, False]
+    assert parts[0].nodes == 2 and parts[0].cpus == "2" and parts[0].mem_mb == "6000"
+    assert [p.gpus for p in parts] == [0, 0, 4]
+    table = "\n".join(d.partition_table(parts))
+    assert "low (default)" in table and "4 (gpu:a100:4(S:0-1))" in table and "500 GiB" in table
+
+
+@pytest.mark.parametrize("gres, n", [("(null)", 0), ("", 0), ("gpu:2", 2), ("gpu:a100:4(S:0-1),gpu:v100:2", 6),
+                                     ("mps:100,gpu:1", 1), ("gpu", 1)])
+def test_gpus_in_gres(gres, n):
+    assert d.gpus_in_gres(gres) == n
+
+
+def test_summary_logic():
+    ok, warn, fail = d.Check(d.OK, "a", "x"), d.Check(d.WARN, "b", "y"), d.Check(d.FAIL, "c", "z")
+    assert d.summarize([ok]) == (0, "all 1 checks OK.")
+    code, text = d.summarize([ok, warn])
+    assert code == 0 and "no blockers" in text and "b" in text
+    code, text = d.summarize([ok, warn, fail])
+    assert code == 1 and "1 blocker(s): c" in text
+    assert fail.line() == "FAIL  c: z"
+
+
+def test_sbatch_argv():
+    slurm = SimpleNamespace(nodes=2, tasks_per_node=4, cpus_per_task=8, time="01:00:00", partition="high",
+                            account="acct", qos=None, mem="16G", constraint=None, exclude=None, gpus_per_node=4)
+    argv = d.sbatch_test_argv(slurm)
+    assert argv[:2] == ["sbatch", "--test-only"] and argv[-2:] == ["--wrap", "true"]
+    joined = " ".join(argv)
+    for piece in ("--nodes 2", "--ntasks-per-node 4", "--cpus-per-task 8", "--time 01:00:00", "--partition high",
+                  "--account acct", "--mem 16G", "--gres gpu:4"):
+        assert piece in joined
+    assert "--qos" not in joined
+
+
+class FakeCLI:
+    def __init__(self, rc, err):
+        self.rc, self.err, self.calls = rc, err, []
+
+    def run(self, argv, check=True, timeout_s=None):
+        self.calls.append(argv)
+        return SimpleNamespace(returncode=self.rc, stdout="", stderr=self.err)
+
+
+def test_gpu_request_on_gpuless_partition_fails():
+    cfg = SimpleNamespace(slurm=SimpleNamespace(nodes=1, tasks_per_node=1, cpus_per_task=1, time="10", partition=None,
+                                                account=None, qos=None, mem=None, constraint=None, exclude=None,
+                                                gpus_per_node=2))
+    checks = d.check_sbatch(FakeCLI(0, "sbatch: Job 1 to start"), cfg, d.parse_sinfo(SINFO))
+    assert [c.level for c in checks] == [d.OK, d.FAIL]
+    assert "partition low has no GPU gres" in checks[1].detail
+    cfg.slurm.partition = "gpu"
+    assert [c.level for c in d.check_sbatch(FakeCLI(0, ""), cfg, d.parse_sinfo(SINFO))] == [d.OK]
+    rejected = d.check_sbatch(FakeCLI(1, "sbatch: error: invalid partition specified: gpu"), cfg, [])
+    assert rejected[0].level == d.FAIL and "invalid partition specified" in rejected[0].detail
+
+
+def test_memory_and_health_never_crash():
+    checks, _, _ = d.check_gpu_health()
+    assert checks and all(c.level in (d.OK, d.WARN, d.FAIL) for c in checks)
+    assert d._gpu_mem_bytes([{"memory_total_mib": 1024}]) == 2**30
+
+
+def test_help_and_bad_config_without_slurm_dependency():
+    res = run_cli("-m", "hpc_agent.doctor", "--help")
+    assert res.returncode == 0 and "--data" in res.stdout
+
+
+@pytest.mark.slurm
+def test_doctor_quickstart_on_localhost_slurm():
+    res = run_cli("-m", "hpc_agent.doctor", "quickstart", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "low (default)" in out and "high" in out
+    assert "no GPUs (gres) on any partition" in out
+    assert "OK    sbatch --test-only:" in out
+    assert "OK    accounting: sacct answers" in out
+    assert "READY:" in out
+
+
+@pytest.mark.slurm
+def test_doctor_flags_wrong_partition():
+    res = run_cli("-m", "hpc_agent.doctor", "quickstart", "slurm.partition=nosuch", timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = next(l for l in res.stdout.splitlines() if l.startswith("FAIL  sbatch --test-only"))
+    assert "nosuch" in line and "invalid partition" in line.lower()
+    assert "FAILED:" in res.stdout
+
+
+@pytest.mark.slurm
+def test_doctor_config_problems_and_json():
+    res = run_cli("-m", "hpc_agent.doctor", "quickstart", "train.lr=x", "slurm.nodes=0", "--json", timeout=120)
+    assert res.returncode == 1
+    report = json.loads(res.stdout)
+    config = next(c for c in report["checks"] if c["name"] == "config")
+    assert config["level"] == "FAIL" and "train.lr" in config["detail"] and "slurm.nodes" in config["detail"]
+    assert {p["name"] for p in report["partitions"]} >= {"low", "high"}
+    assert report["exit_code"] == 1
+
+
+def test_with_fake_health_and_memory_modules(monkeypatch):
+    """The interfaces hpc_agent.health / hpc_agent.memory promise, faked: no GPU, and a config that does not fit."""
+    import sys
+
+    health = SimpleNamespace(
+        read_gpus=lambda: ([], "nvidia-smi not found: no NVIDIA driver"),
+        judge_all=lambda readings, error: SimpleNamespace(level="NO_GPU", reasons=[error]),
+        format_report=lambda readings, verdicts: "")
+    memory = SimpleNamespace(
+        estimate_from_config=lambda cfg: SimpleNamespace(total_bytes=40 * 2**30, assumptions=["fp16"]),
+        cheapest_fit=lambda cfg, cap: ({"train.micro_batch_size": 2}, "halve the micro-batch"))
+    monkeypatch.setitem(sys.modules, "hpc_agent.health", health)
+    monkeypatch.setitem(sys.modules, "hpc_agent.memory", memory)
+    monkeypatch.setattr("hpc_agent.health", health, raising=False)
+    monkeypatch.setattr("hpc_agent.memory", memory, raising=False)
+    checks, report, gpu_bytes = d.check_gpu_health()
+    assert [c.level for c in checks] == [d.WARN] and "no NVIDIA driver" in checks[0].detail and gpu_bytes is None
+    assert d.check_memory(None, None)[0].level == d.OK
+    fits = d.check_memory(None, 80 * 2**30)[0]
+    assert fits.level == d.OK and "fits" in fits.detail
+    tight = d.check_memory(None, 16 * 2**30)[0]
+    assert tight.level == d.FAIL and "train.micro_batch_size=2" in tight.detail and "halve" in tight.detail
