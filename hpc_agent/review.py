@@ -16,10 +16,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections import namedtuple
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
 from hpc_agent.review_plot import boundary_labels, plot_runs
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -27,12 +27,6 @@ LOSS, LR, STEP_TIME, SAMPLES = "train/loss", "train/lr", "perf/step_time_s", "pe
 PLOT_TAGS = (LOSS, LR, SAMPLES)
 LEDGER_FILE = "ledger.sqlite"
 LIVE_PHASES = {"submitting", "pending", "running", "recovering"}
-
-try:  # the incremental reader, when it exists; the same Point lists otherwise
-    from hpc_agent.metrics.tb_reader import Point, RunScalars  # type: ignore
-except ImportError:  # pragma: no cover - depends on what is merged
-    Point = namedtuple("Point", "step wall_time value")
-    RunScalars = None
 
 _ATTEMPT = re.compile(r"\.attempt(\d+)$")
 
@@ -42,82 +36,22 @@ def attempt_of(file_name: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def file_order_key(name: str) -> Tuple[int, int, str]:
-    """Oldest first: the writer's creation time in the name, then ``.attemptN``, then the name."""
-    created = re.search(r"tfevents\.(\d+)", name)
-    attempt = attempt_of(name)
-    return (int(created.group(1)) if created else 0, -1 if attempt is None else attempt, name)
-
-
-def _event_files(tb_dir: Path) -> List[Path]:
-    files = [p for p in tb_dir.rglob("events.out.tfevents.*") if p.is_file()]
-    return sorted(files, key=lambda p: file_order_key(p.name))
-
-
-def _read_raw_local(tb_dir: Path) -> Tuple[Dict[str, List[Tuple[str, Any]]], Dict[str, int]]:
-    """``({tag: [(file_name, Point), ...]}, {file_name: purge_step})`` in file order (fallback reader)."""
-    out: Dict[str, List[Tuple[str, Any]]] = {}
-    purges: Dict[str, int] = {}
-    files = _event_files(tb_dir)
-    if not files:
-        return out, purges
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    from tensorboard.util import tensor_util
-
-    for path in files:
-        for event in EventFileLoader(str(path)).Load():
-            if event.HasField("session_log") and event.session_log.status == event.session_log.START:
-                purges.setdefault(path.name, int(event.step))  # SummaryWriter(purge_step=...)
-            if not event.HasField("summary"):
-                continue
-            for value in event.summary.value:
-                if value.HasField("tensor"):  # the loader migrates simple_value to a scalar tensor
-                    try:
-                        number = float(tensor_util.make_ndarray(value.tensor).item())
-                    except (ValueError, TypeError):
-                        continue  # not a scalar (text, histogram)
-                else:
-                    number = float(value.simple_value)
-                out.setdefault(value.tag, []).append((path.name, Point(int(event.step), event.wall_time, number)))
-    return out, purges
-
-
-def _winning(raw: List[Tuple[str, Any]], purges: Dict[str, int]) -> List[Any]:
-    """One point per step: a file's purge step drops older files' points at steps >= it, then the later
-    file (attempt) wins where files still overlap."""
-    by_step: Dict[int, Any] = {}
-    seen = set()
-    for name, point in raw:
-        if name not in seen:
-            seen.add(name)
-            if name in purges:
-                by_step = {s: p for s, p in by_step.items() if s < purges[name]}
-        by_step[point.step] = point
-    return [by_step[s] for s in sorted(by_step)]
-
-
 class Scalars:
-    """``series``/``raw``/``tags`` from ``RunScalars`` when available, else from the local reader."""
+    """The run's TensorBoard scalars through the incremental reader; an absent ``tb/`` reads as empty."""
 
     def __init__(self, tb_dir: Path):
-        self.tb_dir = tb_dir
-        self._rs = None
-        self._raw: Dict[str, List[Tuple[str, Any]]] = {}
-        self._purges: Dict[str, int] = {}
-        if RunScalars is not None and tb_dir.is_dir():
-            self._rs = RunScalars(tb_dir)
+        self._rs = RunScalars(tb_dir) if tb_dir.is_dir() else None
+        if self._rs is not None:
             self._rs.update()
-        elif tb_dir.is_dir():
-            self._raw, self._purges = _read_raw_local(tb_dir)
 
     def tags(self) -> List[str]:
-        return sorted(self._rs.tags()) if self._rs is not None else sorted(self._raw)
+        return sorted(self._rs.tags()) if self._rs is not None else []
 
     def raw(self, tag: str) -> List[Tuple[str, Any]]:
-        return list(self._rs.raw(tag)) if self._rs is not None else list(self._raw.get(tag, []))
+        return list(self._rs.raw(tag)) if self._rs is not None else []
 
     def series(self, tag: str) -> List[Any]:
-        return list(self._rs.series(tag)) if self._rs is not None else _winning(self._raw.get(tag, []), self._purges)
+        return list(self._rs.series(tag)) if self._rs is not None else []
 
 
 # --- run discovery ----------------------------------------------------------------------------------------

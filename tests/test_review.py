@@ -120,17 +120,6 @@ def test_json_for_one_run(run_dir, capsys):
         (1, 51, "preempted"), (2, 51, "gpu_oom: micro_batch 8→4")]
 
 
-def test_fallback_reader_matches_tb_reader(run_dir, monkeypatch):
-    """Without ``hpc_agent.metrics.tb_reader`` the local EventFileLoader reader gives the same review."""
-    from hpc_agent import review
-
-    expected = review.review_run(run_dir)
-    monkeypatch.setattr(review, "RunScalars", None)
-    fallback = review.review_run(run_dir)
-    assert review.public(fallback) == review.public(expected)
-    assert fallback["_curves"]["train/loss"] == [tuple(p) for p in expected["_curves"]["train/loss"]]
-
-
 def test_boundary_labels_are_pure():
     assert boundary_labels([]) == []
     records = [{"attempt": 1, "cause": "preempted", "action": "expedite"},

@@ -30,7 +30,7 @@ class Point:
     value: float
 
 
-def _file_order_key(name: str) -> Tuple[int, int, str]:
+def file_order_key(name: str) -> Tuple[int, int, str]:
     """Oldest first: the writer's creation time in the name, then ``.attemptN``, then the name."""
     m = re.search(r"tfevents\.(\d+)", name)
     created = int(m.group(1)) if m else 0
@@ -88,7 +88,7 @@ class RunScalars:
         if not self.tb_dir.is_dir():
             return 0
         paths = sorted((p for p in self.tb_dir.rglob(EVENT_GLOB) if p.is_file()),
-                       key=lambda p: _file_order_key(p.name))
+                       key=lambda p: file_order_key(p.name))
         present = {str(p) for p in paths}
         changed = False
         for key in [k for k in self._files if k not in present]:  # deleted: forget its points
@@ -188,7 +188,7 @@ class RunScalars:
 
     # --- queries ------------------------------------------------------------------------------------
     def _ordered_files(self) -> List[_FileState]:
-        return sorted(self._files.values(), key=lambda s: _file_order_key(s.name))
+        return sorted(self._files.values(), key=lambda s: file_order_key(s.name))
 
     def tags(self) -> List[str]:
         return sorted({t for s in self._files.values() for t, pts in s.points.items() if pts})
