@@ -15,8 +15,8 @@ import json
 import os
 import re
 import sys
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.config.load import RUNS_ENV, load_snapshot
@@ -27,6 +27,7 @@ from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import LogText
 from hpc_agent.launcher import run_id_from_job_name
+from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.policy import Decision, PastAttempt, Situation, decide, patch_as_overrides
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, group_attempts, has_sacct_header, job_key_of, parse_sacct
 
@@ -97,28 +98,15 @@ def find_logs(run_dir: Optional[Path], job_key: str, stdout_pattern: Optional[st
 
 def read_tb_scalars(tb_dir: Path,
                     tags: Sequence[str] = (LOSS_TAG, LOSS_SCALE_TAG)) -> Dict[str, List[Tuple[int, float]]]:
-    """``{tag: [(step, value), ...]}`` in write order, from every event file under ``tb_dir``."""
-    files = sorted(tb_dir.rglob("events.out.tfevents.*"))
-    points: Dict[str, List[Tuple[float, int, float]]] = {tag: [] for tag in tags}
-    if not files:
+    """``{tag: [(step, value), ...]}`` in write (wall-time) order, every point of every event file under
+    ``tb_dir`` (attempt overlaps included: the alarms look at what was logged, in the order it was)."""
+    tb_dir = Path(tb_dir)
+    if not tb_dir.is_dir():
         return {tag: [] for tag in tags}
-    # Imported here: TensorBoard is only needed when there are event files, and never pulls in torch.
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    from tensorboard.util import tensor_util
-
-    for path in files:
-        for event in EventFileLoader(str(path)).Load():
-            if not event.HasField("summary"):
-                continue
-            for value in event.summary.value:
-                if value.tag not in points:
-                    continue
-                if value.HasField("tensor"):  # the loader migrates simple_value to a scalar tensor
-                    number = float(tensor_util.make_ndarray(value.tensor).item())
-                else:
-                    number = float(value.simple_value)
-                points[value.tag].append((event.wall_time, int(event.step), number))
-    return {tag: [(step, v) for _, step, v in sorted(p, key=lambda x: x[0])] for tag, p in points.items()}
+    scalars = RunScalars(tb_dir, tags=tags)
+    scalars.update()
+    return {tag: [(p.step, p.value) for _, p in sorted(scalars.raw(tag), key=lambda fp: fp[1].wall_time)]
+            for tag in tags}
 
 
 def _stdout_from_scontrol(cli, job_id: str) -> Optional[str]:
@@ -239,6 +227,20 @@ def _read_sacct(args: argparse.Namespace) -> Tuple[str, Optional[str], Any]:
         return "", str(exc), cli
 
 
+def _run_dir_from_ledger(runs_root: Path, job_key: str) -> Optional[Path]:
+    """A sweep trial runs as an array task named for its array, not its run: the ledger knows its run dir."""
+    from hpc_agent.ledger import Ledger
+
+    ledger = Ledger.in_runs_root(runs_root)
+    try:
+        for run in ledger.runs():
+            if Path(run.run_dir).is_dir() and any(s.job_id == job_key for s in ledger.submissions(run.run_id)):
+                return Path(run.run_dir)
+    finally:
+        ledger.close()
+    return None
+
+
 def load_inputs(args: argparse.Namespace) -> Inputs:
     sacct_text, sacct_error, cli = _read_sacct(args)
     jobs = group_attempts(parse_sacct(sacct_text))
@@ -249,6 +251,8 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     run_id = run_id_from_job_name(attempts[-1].job_name) if attempts else None
     if run_id and (runs_root / run_id).is_dir():
         found.run_dir = runs_root / run_id
+    elif job_id and (runs_root / "ledger.sqlite").exists():
+        found.run_dir = _run_dir_from_ledger(runs_root, job_key_of(job_id))
 
     paths = [Path(p) for p in args.log]
     if not paths and job_id:

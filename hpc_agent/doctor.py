@@ -186,10 +186,8 @@ def _gpu_mem_bytes(readings: Any) -> Optional[int]:
 
 
 def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
-    try:
-        from hpc_agent import health  # lazy: written separately
-    except ImportError:
-        return [Check(WARN, "gpu health", "not available (hpc_agent.health is not installed)")], [], None
+    from hpc_agent import health
+
     try:
         readings, error = health.read_gpus()
         verdicts = health.judge_all(readings, error)
@@ -214,10 +212,8 @@ def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
 
 
 def check_memory(cfg: Any, gpu_bytes: Optional[int]) -> List[Check]:
-    try:
-        from hpc_agent import memory  # lazy: written separately
-    except ImportError:
-        return [Check(WARN, "memory", "not available (hpc_agent.memory is not installed)")]
+    from hpc_agent import memory
+
     try:
         est = memory.estimate_from_config(cfg)
     except Exception as exc:  # noqa: BLE001

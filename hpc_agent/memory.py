@@ -4,13 +4,15 @@ Model states per parameter (AdamW, DeepSpeed):
 
 - mixed precision (fp16/bf16; ``auto`` counts as 16-bit, as on a GPU): 16-bit parameters 2 B, 16-bit
   gradients 2 B, optimizer states 16 B = fp32 master weights 4 + Adam moments 4 + 4 + the fp32 gradient
-  partition the optimizer steps on 4 (ZeRO-1/2 keep it for the whole partition; ZeRO-3 builds it per
-  sub-group, default 1e9 parameters, i.e. the whole partition for models of this size).
+  partition the optimizer steps on 4. ZeRO-1/2 keep that fp32 gradient for the whole partition, as
+  DeepSpeed's own estimator counts it; ZeRO-3 builds it per sub-group (default 1e9 parameters) during
+  the step only, so it is counted in the ZeRO-3 working set below instead.
 - fp32: parameters 4 B, gradients 4 B, optimizer states 8 B (the two moments; no master copy).
 
 ZeRO sharding across ``world_size`` ranks: stage 1 shards the optimizer states, stage 2 also the
-gradients, stage 3 also the parameters; stage 3 then holds, per rank, the gathered (parameter + gradient)
-copy of the largest layer (one transformer block) as working set.
+gradients, stage 3 also the parameters. Stage 3 also needs a working set per rank: the gathered
+(parameter + gradient) copy of the largest layer (one transformer block) during forward/backward, or the
+fp32 gradient of one optimizer sub-group during the step, whichever is larger (never both at once).
 Offload: ``optimizer`` moves the optimizer states to host memory; ``optimizer+params`` (ZeRO-3) also moves
 the parameter shard. Host bytes are reported per rank, separately.
 
@@ -37,7 +39,8 @@ class Estimate:
     grads_bytes: int
     optimizer_bytes: int
     gathered_bytes: int
-    """ZeRO-3 only: the gathered parameters + gradients of the largest layer."""
+    """ZeRO-3 only: the working set, the larger of the gathered parameters + gradients of the largest layer
+    and one optimizer sub-group's fp32 gradient."""
     activation_bytes: int
     host_bytes: int
     assumptions: List[str] = field(default_factory=list)
@@ -93,19 +96,25 @@ def estimate(params: int, n_layers: int, d_model: int, seq_len: int, micro_batch
         o_dev = -(-o_dev // n)
     if zero_stage >= 2:
         g_dev = -(-g_dev // n)
+    step_buffer = 0
     if zero_stage == 3:
         p_dev = -(-p_dev // n)
         largest = _largest_layer(n_layers, d_model, params)
         gathered = 2 * pb * largest
-        assumptions.append(f"ZeRO-3 working set: gathered params+grads of the largest layer ({largest} params)")
-        if mixed and -(-params // n) > ZERO3_SUB_GROUP_SIZE:
-            o_dev = -(-params // n) * 12 + ZERO3_SUB_GROUP_SIZE * 4
-            assumptions.append("ZeRO-3: fp32 gradient held for one optimizer sub-group (1e9 params) at a time")
+        if mixed:
+            # Stage 3 builds the fp32 gradient one optimizer sub-group at a time, during the step, after
+            # backward has released the gathered layer: the two working sets are never alive together.
+            step_buffer = 4 * min(-(-params // n), ZERO3_SUB_GROUP_SIZE)
+            o_dev = -(-params // n) * 12
+        assumptions.append(f"ZeRO-3 working set: the larger of the gathered params+grads of the largest layer "
+                           f"({largest} params, forward/backward) and one optimizer sub-group's fp32 gradient "
+                           "(the step)")
     host = 0
     if offload in ("optimizer", "optimizer+params"):
-        host += o_dev
-        o_dev = 0
+        host += o_dev + step_buffer
+        o_dev = step_buffer = 0
         assumptions.append("optimizer states (and fp32 grads) in host memory")
+    gathered = max(gathered, step_buffer)
     if offload == "optimizer+params" and zero_stage == 3:
         host += p_dev
         p_dev = 0
@@ -140,7 +149,8 @@ def estimate_from_config(cfg: Any) -> Estimate:
                     n_heads=m.n_heads, vocab=GPT_VOCAB)
 
 
-def _estimate_with(cfg: Any, patch: Dict[str, Any]) -> Estimate:
+def estimate_with_patch(cfg: Any, patch: Dict[str, Any]) -> Estimate:
+    """:func:`estimate_from_config` for ``cfg`` with a dotted-key patch (micro-batch, stage, offload, act-ckpt)."""
     m, t = cfg.model, cfg.train
     get = lambda key, default: patch.get(key, default)  # noqa: E731
     params = gpt_param_count(m.n_layers, m.d_model, m.seq_len)
@@ -176,14 +186,57 @@ def _candidates(cfg: Any) -> List[Tuple[Dict[str, Any], str]]:
     return out
 
 
+def format_bytes(n: float) -> str:
+    """``48.44 GiB``; below 1 GiB in MiB (``7.28 MiB``), so small models and simulated GPUs stay readable."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def describe_patch(train: Any, patch: Dict[str, Any]) -> str:
+    """``micro_batch_size 16 -> 2, grad_accum_steps 1 -> 8, activation_checkpointing off -> on``."""
+    def fmt(v: Any) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+    return ", ".join(f"{k.split('.', 1)[1]} {fmt(getattr(train, k.split('.', 1)[1]))} -> {fmt(v)}"
+                     for k, v in patch.items())
+
+
+def _combined(cfg: Any) -> List[Dict[str, Any]]:
+    """Changes taken together, cheapest first: micro-batch halvings (accumulation doubled), then
+    activation checkpointing, higher ZeRO stages, optimizer offload, parameter offload."""
+    t = cfg.train
+    out: List[Dict[str, Any]] = []
+    patch: Dict[str, Any] = {}
+    mb, accum = t.micro_batch_size, t.grad_accum_steps
+    while mb % 2 == 0 and mb > 1:
+        mb, accum = mb // 2, accum * 2
+        patch = {**patch, "train.micro_batch_size": mb, "train.grad_accum_steps": accum}
+        out.append(patch)
+    if not t.activation_checkpointing:
+        patch = {**patch, "train.activation_checkpointing": True}
+        out.append(patch)
+    for stage in range(t.zero_stage + 1, 4):
+        patch = {**patch, "train.zero_stage": stage}
+        out.append(patch)
+    if t.offload == "none":
+        patch = {**patch, "train.offload": "optimizer", "train.zero_stage": max(2, patch.get("train.zero_stage", t.zero_stage))}
+        out.append(patch)
+    if t.offload != "optimizer+params":
+        out.append({**patch, "train.offload": "optimizer+params", "train.zero_stage": 3})
+    return out
+
+
 def cheapest_fit(cfg: Any, capacity_bytes: int) -> Optional[Tuple[Dict[str, Any], str]]:
     """The first single change, in the order micro-batch halving (accumulation doubled) -> activation
     checkpointing -> next ZeRO stage(s) -> optimizer offload (-> parameter offload), whose estimate fits
-    in ``capacity_bytes``, as ``(dotted-key patch, description)``. ``({}, ...)`` if the config already fits,
+    in ``capacity_bytes``, as ``(dotted-key patch, description)``; failing that, the first combination of
+    them, taken together in the same order. ``({}, ...)`` if the config already fits,
     None if nothing does."""
     if estimate_from_config(cfg).total_bytes <= capacity_bytes:
         return {}, "fits as is"
     for patch, what in _candidates(cfg):
-        if _estimate_with(cfg, patch).total_bytes <= capacity_bytes:
+        if estimate_with_patch(cfg, patch).total_bytes <= capacity_bytes:
             return patch, what
+    for patch in _combined(cfg):  # no single change is enough: the same changes taken together
+        if estimate_with_patch(cfg, patch).total_bytes <= capacity_bytes:
+            return patch, describe_patch(cfg.train, patch)
     return None

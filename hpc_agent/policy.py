@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from hpc_agent.config.load import build_config, to_dict
@@ -66,6 +67,8 @@ class Situation:
     nodes: Tuple[str, ...] = ()
     bad_nodes: Tuple[str, ...] = ()
     divergence_step: Optional[int] = None
+    gpu_capacity_bytes: Optional[int] = None
+    """The GPU's total memory, when the out-of-memory message states it (CUDA's does)."""
     requeued_after: Optional[str] = None
     """For a pending attempt: the cause after which Slurm requeued the job itself (e.g. preempted)."""
 
@@ -78,6 +81,9 @@ class PolicyLimits:
     mem_factor: float = 1.5
     lr_factor: float = 0.5
     no_progress_attempts: int = 2
+    gpu_headroom: float = 0.9
+    """Share of the GPU's capacity an OOM-ladder rung's estimate may use: the estimate leaves out the CUDA
+    context, temporary buffers and fragmentation."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,49 @@ def gpu_oom_rung(train: TrainConfig, ranks: int, offload_allowed: bool = True) -
         return ({"train.offload": "optimizer+params", "train.zero_stage": 3},
                 "offload parameters too (ZeRO-3)")
     return None
+
+
+def _train_after(train: Any, patch: Mapping[str, Any]) -> SimpleNamespace:
+    fields = ("micro_batch_size", "grad_accum_steps", "activation_checkpointing", "zero_stage", "offload")
+    state = {f: getattr(train, f) for f in fields}
+    state.update({k.split(".", 1)[1]: v for k, v in patch.items() if k.startswith("train.")})
+    return SimpleNamespace(**state)
+
+
+def gpu_oom_fit(cfg: Config, ranks: int, offload_allowed: bool, capacity_bytes: Optional[int],
+                headroom: float = 0.9) -> Optional[Tuple[Dict[str, Any], str]]:
+    """The ladder's rungs taken together up to the first whose memory estimate fits the GPU.
+
+    Without a known capacity, or for a workload the estimator does not cover, this is the next rung
+    alone (:func:`gpu_oom_rung`). The estimate is calibrated on the failure: the config that ran out of
+    memory needed more than the GPU has, so when its estimate is lower than the capacity every estimate
+    is scaled up by capacity / estimate. If no rung fits by the estimate, the next rung alone is tried
+    (the estimate may be pessimistic) and the reason says so.
+    """
+    from hpc_agent.memory import describe_patch, estimate_from_config, estimate_with_patch, format_bytes
+
+    step = gpu_oom_rung(cfg.train, ranks, offload_allowed)
+    if step is None or not capacity_bytes or cfg.train.workload != "gpt":
+        return step
+    now = estimate_from_config(cfg).total_bytes
+    scale = max(1.0, capacity_bytes / max(now, 1))
+    budget = capacity_bytes * headroom
+    patch: Dict[str, Any] = {}
+    whats = []
+    while True:
+        rung = gpu_oom_rung(_train_after(cfg.train, patch), ranks, offload_allowed)
+        if rung is None:
+            one, what = step
+            return one, (f"{what} (no rung fits {format_bytes(capacity_bytes)} by the memory estimate; trying the "
+                         "next one)")
+        patch.update(rung[0])
+        whats.append(rung[1])
+        need = estimate_with_patch(cfg, patch).total_bytes * scale
+        if need <= budget:
+            skipped = f"; skipped {len(whats) - 1} rung(s) that would not fit" if len(whats) > 1 else ""
+            what = whats[0] if len(whats) == 1 else describe_patch(cfg.train, patch)
+            return patch, (f"{what} (estimate {format_bytes(need)} <= {headroom:.0%} of the GPU's "
+                           f"{format_bytes(capacity_bytes)}{skipped})")
 
 
 def _host_oom_fix(cfg: Config, limits: PolicyLimits, offload_allowed: bool) -> Optional[Tuple[Dict[str, Any], str]]:
@@ -230,7 +279,8 @@ def _rule(cause: Cause, history: Sequence[PastAttempt], cfg: Config, situation: 
                         {"slurm.exclude": exclude})
     if cause == Cause.GPU_OOM:
         ranks = cfg.slurm.nodes * cfg.slurm.tasks_per_node
-        rung = gpu_oom_rung(cfg.train, ranks, offload_allowed=Cause.HOST_OOM not in past)
+        rung = gpu_oom_fit(cfg, ranks, Cause.HOST_OOM not in past, situation.gpu_capacity_bytes,
+                           limits.gpu_headroom)
         if rung is None:
             return Decision(STOP, c, "GPU out of memory with micro_batch_size=1, activation checkpointing, "
                                      f"ZeRO-{cfg.train.zero_stage} and offload={cfg.train.offload}: nothing left to "

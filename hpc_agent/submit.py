@@ -15,12 +15,15 @@ from typing import Optional, Sequence
 from hpc_agent.config.load import load_config, to_yaml
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.launcher import EXECUTORS, local_parameters, make_run_id, render_job_script
+from hpc_agent.preflight import (REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, partition_gres, render,
+                                 sinfo_argv)
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.sacct import job_state, parse_parsable2
 
 EXIT_CONFIG = 2
 EXIT_SUBMIT_FAILED = 3
 EXIT_JOB_FAILED = 4
+EXIT_WONT_FIT = 5  # the memory estimate exceeds the GPU's memory (submit --force to override)
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -29,13 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hpc_agent.submit",
         description="Validate a training config and submit it as a Slurm job (or a local job).",
-        epilog="Example: python -m hpc_agent.submit configs/quickstart.yaml train.lr=1e-3 slurm.partition=low",
+        epilog="Example: python -m hpc_agent.submit configs/quickstart.yaml train.lr=1e-3 slurm.partition=low\n"
+               "Exit codes: 0 submitted, 2 invalid config, 3 sbatch refused, 4 job failed (--wait), "
+               "5 the memory estimate does not fit the GPU (see --force).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="YAML config: a path, or the name of a file in configs/ (e.g. quickstart)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.max_steps=50")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and job script; submit nothing")
     parser.add_argument("--executor", choices=EXECUTORS, default="auto",
                         help="slurm (sbatch), local (a process on this machine), or auto: slurm if sbatch is on PATH")
+    parser.add_argument("--force", action="store_true",
+                        help="submit even if the memory estimate does not fit the partition's GPUs (then only warn)")
     parser.add_argument("--wait", action="store_true", help="wait for the job to finish and print its state and log tail")
     parser.add_argument("--wait-timeout", type=float, default=3600, help="seconds to wait with --wait (default 3600)")
     return parser
@@ -88,6 +96,18 @@ def _wait(executor_kind: str, job, job_id: str, timeout_s: float) -> str:
     return state
 
 
+def check_memory(cfg, kind: str) -> MemoryVerdict:
+    """The pre-flight memory verdict; asks sinfo for the partition's GPU type only when it needs to."""
+    gres = ""
+    if kind == "slurm" and cfg.slurm.gpus_per_node and not cfg.slurm.gpu_memory_gib and cfg.train.workload == "gpt":
+        try:
+            gres = partition_gres(SlurmCLI(timeout_s=15).run(list(sinfo_argv())).stdout, cfg.slurm.partition)
+        except SlurmError as exc:
+            print(f"  (sinfo failed, GPU memory unknown: {exc})", file=sys.stderr)
+    capacity, source = gpu_capacity(cfg, gres)
+    return memory_verdict(cfg, capacity, source)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     try:
@@ -100,6 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     kind, announcement = choose_executor(args.executor, SlurmCLI.available())
     if announcement:
         print(announcement)
+    verdict = check_memory(cfg, kind)
+    for line in render(verdict, args.force):
+        print(line, file=sys.stderr if verdict.level in (WARN, REFUSE) else sys.stdout)
+    if verdict.level == REFUSE and not args.force:
+        print("Nothing was submitted.", file=sys.stderr)
+        return EXIT_WONT_FIT
     runs_root = Path(cfg.run.runs_root).expanduser().resolve()
     run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now())
     config_path = run_dir / "config.yaml"

@@ -32,5 +32,10 @@ CONFIG = 78
 """The config snapshot is invalid, or the resume cannot honour the change from the checkpoint's
 layout (e.g. the global batch changed) (EX_CONFIG). Fix the config; retrying as is will not help."""
 
+GPU_CRITICAL = 82
+"""The in-job GPU health check (``train.gpu_health_every``) judged a GPU CRITICAL (uncorrectable ECC
+errors, retired/remapped pages failing, Xid, GPU lost, over temperature). No checkpoint is written; the
+watcher excludes the node and resubmits from the last complete checkpoint."""
+
 NAMES = {OK: "ok", CRASHED: "crashed", OUT_OF_MEMORY: "out_of_memory", DIVERGED: "diverged",
-         UNAVAILABLE: "unavailable", PREEMPTED: "preempted", CONFIG: "config"}
+         UNAVAILABLE: "unavailable", PREEMPTED: "preempted", CONFIG: "config", GPU_CRITICAL: "gpu_critical"}

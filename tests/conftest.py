@@ -20,7 +20,7 @@ def slurm_ready() -> tuple[bool, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"sinfo failed: {exc}"
     states = out.stdout.split()
-    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in states):
+    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc", "comp")) for s in states):
         return False, f"no usable Slurm nodes (sinfo: {out.stdout.strip() or out.stderr.strip()})"
     return True, ""
 

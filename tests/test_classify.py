@@ -239,7 +239,7 @@ def test_exit_code_table_agrees_with_launch():
     assert EXIT_CODES[exitcodes.PREEMPTED].cause == Cause.TIMEOUT  # FAILED 75: SIGUSR2 (PREEMPTED/CANCELLED come first)
     assert {EXIT_CODES[c].cause for c in (exitcodes.CRASHED, exitcodes.CONFIG, exitcodes.UNAVAILABLE)} == {Cause.CODE_ERROR}
     assert not set(EXIT_CODES) & ({2, 125, 126, 127} | set(range(129, 160)))  # shell/argparse/signal codes
-    assert as_table()[82] == {"cause": "gpu_hw_error", "meaning": EXIT_CODES[82].meaning, "placeholder": True}
+    assert as_table()[82] == {"cause": "gpu_hw_error", "meaning": EXIT_CODES[82].meaning, "placeholder": False}
     assert cause_for_exit(0, 125).cause == Cause.HOST_OOM  # Slurm's OOM marker
     assert cause_for_exit(2, 0) is None and cause_for_exit(None, None) is None
 

@@ -123,7 +123,7 @@ CASES = [
          ["uncorrectable ECC error"], bad_nodes=["node2"], patch={"slurm.exclude": "node2"}),
     Case("gpu-health-critical-line", "exit_gpu_health.txt", "gpu_hw_error", ["gpu_health_critical.log"],
          ["GPU health CRITICAL"], bad_nodes=["gpu-c09"]),
-    Case("gpu-health-exit-code-82", "exit_gpu_health.txt", "gpu_hw_error", [], ["exit code 82", "placeholder"],
+    Case("gpu-health-exit-code-82", "exit_gpu_health.txt", "gpu_hw_error", [], ["exit code 82", "GPU health check"],
          patch={"slurm.exclude": "gpu-c09"}),
     Case("xid-13-is-the-programs-fault", "failed.txt", "code_error", ["xid13_is_code.log"], ["illegal memory access"]),
     # --- code errors --------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+from pathlib import Path
 from typing import Dict, List
 
 from hpc_agent.config.schema import SECTIONS
@@ -47,5 +48,22 @@ def reference_markdown() -> str:
     return "\n".join(lines)
 
 
+def update_readme(readme: Path) -> bool:
+    """Replace the reference in ``readme`` (from "#### `run`" up to the next "## " heading); True if it changed."""
+    text = readme.read_text()
+    start = text.index("#### `run`")
+    end = text.index("\n## ", start) + 1
+    new = text[:start] + reference_markdown().rstrip("\n") + "\n\n" + text[end:]
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
 if __name__ == "__main__":
-    print(reference_markdown())
+    import sys
+
+    if sys.argv[1:] == ["--update-readme"]:
+        target = Path(__file__).resolve().parents[2] / "README.md"
+        print(f"{target}: {'updated' if update_readme(target) else 'already current'}")
+    else:
+        print(reference_markdown())

@@ -73,6 +73,10 @@ class SlurmConfig:
     gpus_per_node: int = 0
     """GPUs per node; 0 means a CPU-only job (then FP16 is not available)."""
 
+    gpu_memory_gib: float = 0.0
+    """Memory of one GPU of the partition, in GiB, for submit's memory check; 0 looks it up from the
+    partition's GPU type (``sinfo`` gres such as ``gpu:h100:8``) where that is unambiguous."""
+
     cpus_per_task: int = 1
     """CPU cores per training process."""
 
@@ -109,6 +113,8 @@ class SlurmConfig:
         check_positive("slurm", self, ["nodes", "tasks_per_node", "cpus_per_task", "signal_lead_s"], problems)
         if self.gpus_per_node is None or self.gpus_per_node < 0:
             problems.append(Problem("slurm.gpus_per_node", self.gpus_per_node, "0 (CPU only) or a positive number"))
+        if self.gpu_memory_gib is None or self.gpu_memory_gib < 0:
+            problems.append(Problem("slurm.gpu_memory_gib", self.gpu_memory_gib, "0 (look it up) or the GiB of one GPU"))
         for name in ("partition", "account", "qos", "constraint", "exclude", "mem", "time", "template"):
             check_shell_safe(f"slurm.{name}", getattr(self, name), problems)
         if self.mem is not None and not MEM_RE.match(str(self.mem)):
@@ -169,6 +175,11 @@ class TrainConfig:
     ckpt_every: int = 50
     """Save a checkpoint every N optimizer steps (and always on SIGUSR2/SIGTERM)."""
 
+    gpu_health_every: int = 500
+    """Check the GPUs' health (NVML: ECC, retired pages, Xid, temperature, throttling) at the start and
+    every N steps, logging the readings to TensorBoard (``gpu_health/*``); a CRITICAL verdict ends the job
+    with exit code 82 so the watcher excludes the node. 0 turns the checks off. Costs one NVML query."""
+
     keep_checkpoints: int = 3
     """How many recent checkpoints to keep; the newest complete one is never deleted."""
 
@@ -215,6 +226,8 @@ class TrainConfig:
             problems.append(Problem("train.warmup_steps", self.warmup_steps, "0 or more"))
         if self.grad_clip is None or self.grad_clip < 0:
             problems.append(Problem("train.grad_clip", self.grad_clip, "0 (off) or a positive norm"))
+        if self.gpu_health_every is None or self.gpu_health_every < 0:
+            problems.append(Problem("train.gpu_health_every", self.gpu_health_every, "0 (off) or a positive step count"))
         if self.eval_every is None or self.eval_every < 0:
             problems.append(Problem("train.eval_every", self.eval_every, "0 (only at the end) or a positive step count"))
         if self.min_lr_ratio is None or not 0 <= self.min_lr_ratio <= 1:

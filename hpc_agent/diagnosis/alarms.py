@@ -1,7 +1,7 @@
 """Training-health alarms from logged scalars (TensorBoard ``train/loss``, ``train/loss_scale``). Pure.
 
-Reading the event files is I/O and lives in the caller (``hpc_agent.diagnose.read_tb_scalars``, later the
-watcher's incremental reader); this module only turns ``[(step, value), ...]`` into alarms.
+Reading the event files is I/O and lives in the callers (``hpc_agent.diagnose.read_tb_scalars`` and the
+watcher, both over ``metrics.tb_reader``); this module only turns ``[(step, value), ...]`` into alarms.
 """
 from __future__ import annotations
 

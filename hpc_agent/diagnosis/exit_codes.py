@@ -39,7 +39,7 @@ EXIT_DIVERGED = 65
 EXIT_UNAVAILABLE = 69
 EXIT_SIGNALLED_AFTER_CHECKPOINT = 75
 EXIT_CONFIG = 78
-EXIT_GPU_HEALTH_CRITICAL = 82  # proposal: launch/ has no GPU health check yet
+EXIT_GPU_HEALTH_CRITICAL = 82  # launch/gpu_health.py: exclude the node and resubmit
 
 EXIT_CODES: Mapping[int, ExitCodeMeaning] = {m.code: m for m in (
     ExitCodeMeaning(EXIT_CRASHED, Cause.CODE_ERROR, "uncaught Python exception (a code bug)"),
@@ -52,7 +52,7 @@ EXIT_CODES: Mapping[int, ExitCodeMeaning] = {m.code: m for m in (
     ExitCodeMeaning(EXIT_CONFIG, Cause.CODE_ERROR,
                     "invalid config, or the resume cannot honour the change from the checkpoint"),
     ExitCodeMeaning(EXIT_GPU_HEALTH_CRITICAL, Cause.GPU_HW_ERROR,
-                    "GPU health check reported CRITICAL (ECC, Xid, GPU lost)", placeholder=True),
+                    "the in-job GPU health check reported CRITICAL (ECC, Xid, GPU lost, temperature)"),
 )}
 
 # 0:125 in sacct is not an exit status: Slurm records signal field 125 for steps the cgroup OOM

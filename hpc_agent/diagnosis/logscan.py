@@ -318,3 +318,17 @@ def scan_logs(logs: Sequence[LogText], known_nodes: Sequence[str] = (), year: Op
     for i, log in enumerate(logs):
         findings.extend(scan_log(log, i, known_nodes, hosts, year))
     return findings
+
+
+_CAPACITY = re.compile(r"total capacity of ([0-9.]+) (GiB|MiB)")
+
+
+def gpu_capacity_bytes(texts: Sequence[str]) -> Optional[int]:
+    """The GPU's total memory as CUDA's out-of-memory message states it ("GPU 0 has a total capacity of
+    79.15 GiB of which ..."), from the last text that has it; None when none does."""
+    for text in reversed(list(texts)):
+        found = _CAPACITY.findall(text or "")
+        if found:
+            value, unit = found[-1]
+            return int(float(value) * (2**30 if unit == "GiB" else 2**20))
+    return None
