@@ -75,6 +75,11 @@ def read_tail(path: Path, max_bytes: int) -> str:
     return text
 
 
+def tail_log(path: Path, max_bytes: int) -> LogText:
+    """The last ``max_bytes`` of a log as a :class:`LogText` that knows whether it is cut."""
+    return LogText(path.name, read_tail(path, max_bytes), truncated=path.stat().st_size > max_bytes)
+
+
 def _rank_order(path: Path) -> Tuple[int, str]:
     m = re.search(r"_(\d+)_log\.\w+$", path.name)
     return (int(m.group(1)) if m else 1 << 30, path.name)
@@ -260,7 +265,7 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
         paths = find_logs(found.run_dir, job_key_of(job_id), stdout)
     for path in paths:
         try:
-            found.logs.append(LogText(path.name, read_tail(path, args.tail_bytes)))
+            found.logs.append(tail_log(path, args.tail_bytes))
         except OSError as exc:
             raise UsageError(f"cannot read log {path}: {exc.strerror or exc}")
 

@@ -284,6 +284,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not path.is_dir():
         print(f"review: {path} is not a directory (give a run directory or a runs root)", file=sys.stderr)
         return EXIT_USAGE
+    from hpc_agent.review_sweep import is_sweep_dir  # a sweep dir: its trials table and objective plot instead
+
+    if is_sweep_dir(path):
+        from hpc_agent.review_sweep import review_sweep
+
+        return review_sweep(path, args.json, args.plot)
     runs_root, run_dirs = find_runs(path)
     if not run_dirs:
         print(f"review: no runs under {path} (no config.yaml, run.json, tb/ or events.jsonl)", file=sys.stderr)

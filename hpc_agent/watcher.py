@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -18,8 +18,8 @@ from hpc_agent.checkpoints import complete_steps, set_aside_after
 from hpc_agent.config.load import load_snapshot
 from hpc_agent.diagnosis.causes import Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
-from hpc_agent.diagnosis.logscan import LogText
-from hpc_agent.diagnose import find_logs, read_tail
+from hpc_agent.diagnosis.logscan import gpu_capacity_bytes
+from hpc_agent.diagnose import find_logs, tail_log
 from hpc_agent.diagnosis.alarms import Alarm
 from hpc_agent.metrics.divergence import LEGACY_KIND, detect
 from hpc_agent.metrics.tb_reader import RunScalars
@@ -199,6 +199,12 @@ class Watcher:
                 if phase is not Phase.RUNNING:
                     self._step(run, phase, Event(EventKind.STARTED, job_id))
                 return
+            if state == "REQUEUED" and not self.ledger.expedited(job_id, index + 1) and \
+                    self._still_in_queue(job_id) == "PENDING":
+                # sacct records the requeued attempt seconds after slurmctld requeued it (~4 s measured by
+                # scripts/bench_recovery.py); squeue already shows it pending, so expedite it that much sooner.
+                attempts = [*attempts, Attempt(job_id, index + 1, (replace(latest.primary, state="PENDING"),))]
+                index += 1
             if state in PENDING_STATES:
                 if index > 0 and not self.ledger.expedited(job_id, index):
                     self._maybe_expedite(run, job_id, attempts, report)
@@ -212,7 +218,7 @@ class Watcher:
             self._say(report, run, f"internal: {exc}")
 
     def _diagnoses(self, run: Run, job_id: str, attempts: List[Attempt]) -> List[Diagnosis]:
-        logs = [LogText(p.name, read_tail(p, TAIL_BYTES)) for p in find_logs(Path(run.run_dir), job_id)]
+        logs = [tail_log(p, TAIL_BYTES) for p in find_logs(Path(run.run_dir), job_id)]
         return classify_job(attempts, logs, self._alarms(run), job_id=job_id)
 
     def _alarms(self, run: Run) -> List[Alarm]:
@@ -323,7 +329,9 @@ class Watcher:
         last_step = next((h.ckpt_step for h in reversed(self.ledger.decisions(run.run_id)) if h.ckpt_step is not None), None)
         progress = None if not steps else (steps[-1] > last_step if last_step is not None else True)
         situation = Situation(job_id=job_id, made_progress=progress, checkpoint_steps=tuple(steps),
-                              nodes=latest.nodes, bad_nodes=latest.bad_nodes, divergence_step=latest.divergence_step)
+                              nodes=latest.nodes, bad_nodes=latest.bad_nodes, divergence_step=latest.divergence_step,
+                              gpu_capacity_bytes=gpu_capacity_bytes(
+                                  [*latest.evidence, latest.root.line if latest.root else ""]))
         decision = decide(latest.cause, history, cfg, situation, self.limits)
         if decision.action != DONE and steps and steps[-1] >= cfg.train.max_steps:
             # The final checkpoint is complete, so the training is done whatever happened after it (a rank

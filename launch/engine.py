@@ -21,7 +21,9 @@ from typing import Any, Dict, Optional
 from launch import checkpoint, exitcodes, universal
 from launch.distributed import Collectives, DistEnv
 from launch.dsconfig import build_ds_config
+from launch.chaos_trigger import RuntimeTrigger
 from launch.faults import Faults
+from launch.gpu_health import GpuHealthMonitor, simulated_reader
 from launch.schedule import lr_factor
 from launch.signals import StopRequest, signal_name
 from launch.tblog import TBLog, attempt_number, peak_memory_bytes
@@ -91,10 +93,26 @@ class Trainer:
         self.layout = universal.layout_of(self.t, self.world, precision)
         self.G = self.t.micro_batch_size * self.t.grad_accum_steps * self.world
         self.faults = Faults(cfg.faults, self.t.micro_batch_size, self.rank, attempt_number(self.run_dir / "tb"))
+        # The check is a collective, so its schedule must be the same on every rank: with the simulated
+        # fault it runs every step everywhere, while only rank 0 reads the simulated GPU.
+        simulated = cfg.faults.gpu_critical_at_step if self.faults.armed else 0
+        self.health = GpuHealthMonitor(1 if simulated else self.t.gpu_health_every, denv.local_rank,
+                                       simulated_reader(simulated, lambda: self.step)
+                                       if simulated and self.rank == 0 else None)
+        # The chaos driver's run-time faults (chaos/inject.json); a no-op unless faults.runtime_trigger.
+        self.trigger = RuntimeTrigger(self.run_dir, self.rank, bool(getattr(cfg.faults, "runtime_trigger", False)))
         self.engine: Any = None
         self.tb: Optional[TBLog] = None
         self.step = 0  # optimizer steps completed
         self.saved_step = -1  # last step with a complete checkpoint written or loaded by this attempt
+
+    def _estimate_bytes(self) -> int:
+        """The per-GPU memory estimate, only when a simulated GPU capacity (a fault) needs it."""
+        if not getattr(self.cfg.faults, "gpu_memory_gib", 0) or self.t.workload != "gpt":
+            return 0
+        from hpc_agent.memory import estimate_from_config
+
+        return estimate_from_config(self.cfg).total_bytes
 
     # ---- build and resume --------------------------------------------------------------------
     def setup(self) -> int:
@@ -106,7 +124,7 @@ class Trainer:
         _seed(self.t.seed)
         self.workload = build_workload(self.cfg, self.device)
         model = self.workload.model
-        self.faults.install(model)
+        self.faults.install(model, self._estimate_bytes())
         names = [n for n, p in model.named_parameters() if p.requires_grad]
 
         choice = self._choose_checkpoint()
@@ -188,9 +206,12 @@ class Trainer:
             if self.rank == 0:
                 say(f"already trained {self.step} of {t.max_steps} steps: nothing to do")
             return exitcodes.OK
+        if self._gpu_health(self.step, first=True):
+            return exitcodes.GPU_CRITICAL
         for s in range(self.step, t.max_steps):
             step = s + 1
             self.faults.before_step(step)
+            self.trigger.before_step(step)
             started = time.perf_counter()
             lr = engine.get_lr()[0]
             loss_total, grad_norm = 0.0, None
@@ -199,7 +220,7 @@ class Trainer:
                     return self._save_and_exit()
                 start = s * self.G + (m * self.world + self.rank) * t.micro_batch_size
                 batch = {k: v.to(self.device) for k, v in self.workload.batch(start, t.micro_batch_size).items()}
-                loss = self.faults.loss(step, self.workload.loss(engine, batch))
+                loss = self.trigger.loss(self.faults.loss(step, self.workload.loss(engine, batch)))
                 engine.backward(loss)
                 if self.manual_grad_norm and engine.is_gradient_accumulation_boundary():
                     grad_norm = self._grad_norm()
@@ -217,6 +238,8 @@ class Trainer:
                 return exitcodes.DIVERGED
             if step % t.log_every == 0 or step == t.max_steps:
                 self._log(step, loss_mean, lr, grad_norm, elapsed)
+            if self._gpu_health(step):
+                return exitcodes.GPU_CRITICAL
             if t.eval_every and step % t.eval_every == 0 and step != t.max_steps:
                 self._evaluate(step)
             if step % t.ckpt_every == 0 and step != t.max_steps:
@@ -226,6 +249,19 @@ class Trainer:
         if self.rank == 0:
             say(f"done: {t.max_steps} steps")
         return exitcodes.OK
+
+    def _gpu_health(self, step: int, first: bool = False) -> bool:
+        """Read, log and agree on the GPUs' health when due; True means CRITICAL somewhere: stop now."""
+        if not self.health.due(step, first):
+            return False
+        level, values, reasons = self.health.read()
+        if values:  # the start check is logged at the attempt's first step: TBLog drops steps it resumed past
+            self.tb.scalars(values, step + 1 if first else step)
+        worst = self.coll.max_int(level)
+        line = self.health.conclude(worst, reasons)
+        if line:
+            say(line + (f"; exiting {exitcodes.GPU_CRITICAL} without a checkpoint" if worst >= 2 else ""))
+        return worst >= 2
 
     def _grad_norm(self) -> float:
         import torch
@@ -261,7 +297,8 @@ class Trainer:
         client = {"step": self.step, "data_position": self.step * self.G, "layout": self.layout,
                   "rng": self.coll.gather_objects(_rng_state(self.on_cuda))}
         tag, seconds = checkpoint.save(self.engine, self.ckpt_root, self.step, client, self.layout, self.rank,
-                                       self.coll.barrier, self.coll.gather_objects)
+                                       self.coll.barrier, self.coll.gather_objects,
+                                       before_marker=self.trigger.before_marker)
         self.saved_step = self.step
         if self.rank == 0:
             deleted = checkpoint.apply_retention(self.ckpt_root, self.t.keep_checkpoints)

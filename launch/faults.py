@@ -26,11 +26,35 @@ class Faults:
     def _say(self, text: str) -> None:
         print(f"[hpc_agent] fault: {text} (rank {self.rank})", flush=True)
 
-    def install(self, model: Any) -> None:
-        """Arm the out-of-memory fault: a forward pre-hook, so the error is raised inside forward."""
+    def install(self, model: Any, estimate_bytes: int = 0) -> None:
+        """Arm the out-of-memory faults: a forward pre-hook, so the error is raised inside forward.
+
+        ``estimate_bytes`` is hpc_agent.memory's per-GPU estimate for this config, compared with the
+        simulated ``faults.gpu_memory_gib`` (armed in every attempt: it stands for the hardware)."""
         limit = self.cfg.oom_above_micro_batch
         if self.armed and limit and self.micro_batch_size > limit:
             model.register_forward_pre_hook(self._oom)
+        capacity = float(getattr(self.cfg, "gpu_memory_gib", 0) or 0)
+        if capacity and estimate_bytes > capacity * 2**30:
+            self._estimate_gib = estimate_bytes / 2**30
+            model.register_forward_pre_hook(self._oom_capacity)
+
+    def _oom_capacity(self, module: Any, args: Any) -> None:
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        capacity, need = float(self.cfg.gpu_memory_gib), self._estimate_gib
+        self._say(f"out of memory in forward: estimated {need * 1024:.2f} MiB per GPU > "
+                  f"faults.gpu_memory_gib={capacity:g}")
+        # The wording follows the CUDA caching allocator's message, "total capacity" included: the
+        # watcher reads the capacity from it to pick the first OOM-ladder rung that fits.
+        # CUDA prints GiB with two decimals; the tiny simulated GPUs of the tests need MiB to stay exact.
+        cap = f"{capacity:.2f} GiB" if capacity >= 1 else f"{capacity * 1024:.2f} MiB"
+        raise torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {max(need - capacity, 0) * 1024:.2f} MiB. GPU 0 has a total "
+            f"capacity of {cap} of which 0 bytes is free. (injected: estimated {need * 1024:.2f} MiB per "
+            f"GPU > faults.gpu_memory_gib {capacity:g})")
 
     def _oom(self, module: Any, args: Any) -> None:
         import torch

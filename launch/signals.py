@@ -83,6 +83,16 @@ def _say_why_usr2(cli, job_id: str, lead_s: int, say: Callable[[str], None]) -> 
         say(f"SIGUSR2 with {left} left before the time limit: the time-limit warning")
 
 
+def own_job_id(environ) -> Optional[str]:
+    """This job's id as scontrol must be given it. An array task's SLURM_JOB_ID is its raw id, and one task's
+    raw id is the array's own id, which scontrol reads as *every* task of the array (measured: the last task
+    of array 177 ran with SLURM_JOB_ID=177): so an array task names itself ``<array>_<index>``."""
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return environ.get("SLURM_JOB_ID") or None
+
+
 def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 120) -> None:
     """After the signal's checkpoint is complete, let Slurm decide the job's fate correctly.
 
@@ -100,7 +110,7 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
     Outside Slurm (local executor, tests) nothing is done: the caller exits 75 and whoever launched it
     resumes.
     """
-    job_id = os.environ.get("SLURM_JOB_ID")
+    job_id = own_job_id(os.environ)
     if not job_id:
         return
     if signum == signal.SIGUSR2:

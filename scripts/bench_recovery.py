@@ -1,17 +1,24 @@
-"""Recovery latency: preemption -> first resumed training step, with the watcher vs Slurm's requeue alone.
+"""Recovery latency (P1): preemption -> first resumed training step, with the watcher vs Slurm's requeue alone.
 
-    python scripts/bench_recovery.py [--trials 3] [--out results/bench_recovery.json]
+    python scripts/bench_recovery.py [--trials 5] [--interval 1] [--out results/bench_recovery.json]
 
-Needs the localhost Slurm (bash scripts/cluster.sh up) and nothing else running on it. Each trial
-submits a fresh run to the preemptable partition, waits until it trains, submits a 2 s job to the
-high partition that needs every CPU, and times from that submission to the first step logged by the
-resumed attempt. "native" relies on Slurm's own requeue (eligible again 121 s later); "watcher" runs
-``python -m hpc_agent.watch``, which expedites the requeued job. Both modes run in the same session,
-alternating, so the ratio is measured under the same load.
+Needs the localhost Slurm (bash scripts/cluster.sh up) and nothing else running on it (hold
+/tmp/hpc_slurm.lock). Each trial submits a fresh 2-node run to the preemptable partition, waits until it
+trains, submits a 2 s job to the high partition that needs every CPU, and times from that submission to
+the first step logged by the resumed attempt. "native" relies on Slurm's own requeue (eligible again
+121 s later); "watcher" runs ``python -m hpc_agent.watch``, which expedites the requeued job. Both modes
+run in the same session, alternating, so the ratio is measured under the same load.
+
+Where the time goes: every trial also records a timeline of milestones, from slurmctld's log
+(millisecond timestamps: preemption, allocation of the preempting job, its end, the expedite, the
+requeued job's start), from submitit's log lines in the job (ms), and from the moment this script first
+saw a line in the job's or the watcher's output (polled every 0.05 s). ``breakdown`` turns the
+timeline into consecutive segments; the medians per segment go into the JSON.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import re
 import statistics
@@ -19,60 +26,243 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Dict, List, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, last_step, log_text,  # noqa: E402
-                                 preempt_all_nodes, submit, wait_for)
+SLURMCTLD_LOG = Path("/var/log/slurm/slurmctld.log")
+SLURMD_LOGS = sorted(Path("/var/log/slurm").glob("slurmd-*.log"))
+POLL_S = 0.05
+
+# Milestones in the order they happen; a trial has a subset (native has no expedite).
+MILESTONES = (
+    ("preemptor_submitted", "the 2 s high-partition job is submitted (clock starts)"),
+    ("signal_seen", "the training job logs the preemption signal (SIGUSR2) and checkpoints"),
+    ("self_requeue_seen", "rank 0 logs its own `scontrol requeue` after the checkpoint"),
+    ("batch_done", "slurmd: the batch step has ended"),
+    ("steps_done", "slurmd: the last node's training step has ended (processes gone)"),
+    ("requeued", "slurmctld requeues the training job (the nodes are free)"),
+    ("preemptor_started", "slurmctld starts the preempting job"),
+    ("expedited", "slurmctld applies StartTime=now"),
+    ("expedite_seen", "the watcher prints its expedite decision"),
+    ("preemptor_done", "the preempting job ends"),
+    ("job_restarted", "slurmctld starts the requeued training job"),
+    ("submitit_started", "submitit's python in the job has loaded (its first log line)"),
+    ("torch_deepspeed_imported", "DeepSpeed's accelerator line: torch and deepspeed imported"),
+    ("rank_line_seen", "distributed init (gloo rendezvous) done: the rank line"),
+    ("resumed_seen", "checkpoint loaded: 'resumed at step'"),
+    ("first_step_seen", "first resumed step logged (clock stops)"),
+)
+MILESTONE_NAMES = [name for name, _ in MILESTONES]
 
 
-def first_resumed_step_seen(run_dir: Path, job: str) -> bool:
-    text = log_text(run_dir, job)
-    match = re.search(r"resumed at step (\d+) ", text)
-    return bool(match) and re.search(rf"\[hpc_agent\] step {int(match.group(1)) + 1} ", text) is not None
+# --- pure helpers (tests/test_bench_recovery.py) ---------------------------------------------------------
+def parse_stamp(text: str) -> float:
+    """'2026-11-30T12:40:05.536' or '2026-11-30 12:40:05,536' (local time, as Slurm and submitit log) -> epoch."""
+    return dt.datetime.fromisoformat(text.replace(",", ".").replace(" ", "T")).timestamp()
 
 
-def trial(mode: str, index: int, work: Path) -> dict:
+def slurmctld_milestones(lines: Sequence[str], job: str, preemptor: str, since: float) -> Dict[str, float]:
+    """The slurmctld log lines about the training job and the preempting job, at or after ``since``."""
+    patterns = {
+        "requeued": rf"Requeuing JobId={job}\b",
+        "preemptor_started": rf"(Allocate|Started) JobId={preemptor}\b",
+        "expedited": rf"_update_job: setting begin to .* for JobId={job}\b",
+        "preemptor_done": rf"_job_complete: JobId={preemptor} done",
+        "job_restarted": rf"(Allocate|Started) JobId={job}\b",
+    }
+    found: Dict[str, float] = {}
+    for line in lines:
+        match = re.match(r"\[(\d{4}-\d\d-\d\dT[\d:.]+)\] (.*)", line)
+        if not match:
+            continue
+        stamp = parse_stamp(match.group(1))
+        if stamp < since - 0.5:  # slurmctld's ms clock vs ours: same host, allow rounding
+            continue
+        for name, pattern in patterns.items():
+            if name not in found and re.search(pattern, match.group(2)):
+                found[name] = stamp
+    return found
+
+
+def slurmd_milestones(per_node_lines: Sequence[Sequence[str]], job: str, since: float) -> Dict[str, float]:
+    """When the attempt's training step and batch step ended: the latest node to say so, at or after ``since``."""
+    found: Dict[str, float] = {}
+    for lines in per_node_lines:
+        ends: Dict[str, float] = {}
+        for line in lines:
+            match = re.match(rf"\[(\d{{4}}-\d\d-\d\dT[\d:.]+)\] \[{job}\.(0|batch)\] done with job", line)
+            if match and parse_stamp(match.group(1)) >= since - 0.5:
+                ends.setdefault(match.group(2), parse_stamp(match.group(1)))
+        for step, name in (("0", "steps_done"), ("batch", "batch_done")):
+            if step in ends:
+                found[name] = max(found.get(name, 0.0), ends[step])
+    return found
+
+
+def submitit_milestones(text: str, since: float) -> Dict[str, float]:
+    """Timestamps submitit and DeepSpeed themselves print in the job log, for the attempt that began after ``since``."""
+    found: Dict[str, float] = {}
+    for stamp in re.findall(r"submitit INFO \(([\d\- :,]+)\) - Starting with JobEnvironment", text):
+        if parse_stamp(stamp) >= since and "submitit_started" not in found:
+            found["submitit_started"] = parse_stamp(stamp)
+    for stamp in re.findall(r"^\[([\d\- :,]+)\] \[WARNING\] \[real_accelerator", text, flags=re.M):
+        if parse_stamp(stamp) >= since and "torch_deepspeed_imported" not in found:
+            found["torch_deepspeed_imported"] = parse_stamp(stamp)
+    return found
+
+
+def breakdown(times: Dict[str, float]) -> List[Dict[str, object]]:
+    """Consecutive segments between the milestones that were seen, in their canonical order.
+
+    A milestone seen out of order (e.g. the expedite landing after the preempting job ended) keeps its
+    place in the list but the segments are cut by actual time, so every second is counted once."""
+    seen = sorted(((t, name) for name, t in times.items() if name in MILESTONE_NAMES),
+                  key=lambda p: (p[0], MILESTONE_NAMES.index(p[1])))
+    out = []
+    for (t_a, a), (t_b, b) in zip(seen, seen[1:]):
+        out.append({"from": a, "to": b, "seconds": round(t_b - t_a, 3)})
+    return out
+
+
+def segment_medians(trials: List[Dict[str, object]], mode: str) -> Dict[str, float]:
+    """Median seconds from the clock start to each milestone, over the trials of one mode."""
+    offsets: Dict[str, List[float]] = {}
+    for trial in trials:
+        if trial["mode"] != mode:
+            continue
+        times = trial["milestones"]
+        for name, t in times.items():
+            offsets.setdefault(name, []).append(t - times["preemptor_submitted"])
+    return {name: round(statistics.median(v), 3) for name, v in sorted(offsets.items(),
+                                                                         key=lambda kv: statistics.median(kv[1]))}
+
+
+def median_segments(trials: List[Dict[str, object]], mode: str) -> List[Dict[str, object]]:
+    """Median seconds of each step between consecutive milestones (canonical order) that every trial of
+    the mode has; unlike offsets from the start, these medians are of the segments themselves."""
+    runs = [t["milestones"] for t in trials if t["mode"] == mode]
+    common = [m for m in MILESTONE_NAMES if runs and all(m in r for r in runs)]
+    out = []
+    for a, b in zip(common, common[1:]):
+        values = [r[b] - r[a] for r in runs]
+        out.append({"from": a, "to": b, "median_s": round(statistics.median(values), 3),
+                    "min_s": round(min(values), 3), "max_s": round(max(values), 3)})
+    return out
+
+
+def summarise(values: List[float]) -> Dict[str, float]:
+    return {"median_s": round(statistics.median(values), 2), "min_s": min(values), "max_s": max(values),
+            "trials": len(values)}
+
+
+# --- the measurement (imperative shell) ------------------------------------------------------------------
+class FirstSeen:
+    """Polls text sources and records the first time (our clock) each named regex matched in them."""
+
+    def __init__(self) -> None:
+        self.times: Dict[str, float] = {}
+        self.rules: List[Tuple[str, Callable[[], str], str]] = []
+
+    def add(self, name: str, source: Callable[[], str], pattern: str) -> None:
+        self.rules.append((name, source, pattern))
+
+    def poll(self) -> None:
+        now = time.time()
+        cache: Dict[int, str] = {}
+        for name, source, pattern in self.rules:
+            if name in self.times:
+                continue
+            if id(source) not in cache:
+                cache[id(source)] = source()
+            text = cache[id(source)]
+            if re.search(pattern, text, flags=re.M):
+                self.times[name] = now
+
+
+def _lines_since(path: Path, offset: int) -> List[str]:
+    with open(path, errors="replace") as handle:
+        handle.seek(offset)
+        return handle.read().splitlines()
+
+
+def trial(mode: str, index: int, work: Path, interval: float) -> dict:
+    from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, last_step, log_text,
+                                     preempt_all_nodes, submit, wait_for)
+
     root = work / f"{mode}-{index}"
     run_dir, job = submit(root, *LONG_RUN, f"run.name={mode}{index}", "slurm.nodes=2", "train.max_steps=100000",
                           "train.ckpt_every=1000")
-    watcher = WatcherProcess(root) if mode == "watcher" else None
+    watcher = WatcherProcess(root, interval=interval) if mode == "watcher" else None
     try:
         wait_for(lambda: last_step(log_text(run_dir, job)) >= 20, 300, what="training to start")
+        before = len(log_text(run_dir, job))
+        ctld_offset = SLURMCTLD_LOG.stat().st_size if SLURMCTLD_LOG.exists() else 0
+        slurmd_offsets = {p: p.stat().st_size for p in SLURMD_LOGS}
+        seen = FirstSeen()
+        new_text = lambda: log_text(run_dir, job)[before:]  # noqa: E731 - only what the preemption caused
+        seen.add("signal_seen", new_text, r"\[hpc_agent\] signal SIG")
+        seen.add("self_requeue_seen", new_text, r"this attempt ends now")
+        seen.add("rank_line_seen", new_text, r"^\[rank 0/")
+        seen.add("resumed_seen", new_text, r"resumed at step \d+ ")
+        if watcher:
+            seen.add("expedite_seen", watcher.output, r"expedite \(scontrol update StartTime=now")
         t0 = time.time()
-        preempt_all_nodes(seconds=2)
-        wait_for(lambda: first_resumed_step_seen(run_dir, job), 600, interval=0.2, what="the first resumed step")
-        latency = time.time() - t0
+        preemptor = preempt_all_nodes(seconds=2)
+
+        def resumed_step() -> bool:
+            seen.poll()
+            text = new_text()
+            match = re.search(r"resumed at step (\d+) ", text)
+            return bool(match) and re.search(rf"\[hpc_agent\] step {int(match.group(1)) + 1} ", text) is not None
+
+        wait_for(resumed_step, 600, interval=POLL_S, what="the first resumed step")
+        t1 = time.time()
+        latency = t1 - t0
+        milestones = {"preemptor_submitted": t0, "first_step_seen": t1, **seen.times}
+        milestones.update(submitit_milestones(new_text(), since=t0))
+        if SLURMCTLD_LOG.exists():
+            milestones.update(slurmctld_milestones(_lines_since(SLURMCTLD_LOG, ctld_offset), job, preemptor, since=t0))
+        milestones.update(slurmd_milestones([_lines_since(p, o) for p, o in slurmd_offsets.items()], job, since=t0))
     finally:
         if watcher:
             watcher.stop()
         cleanup_jobs(root)
     print(f"  {mode} trial {index + 1}: {latency:.1f} s", flush=True)
-    return {"mode": mode, "trial": index, "latency_s": round(latency, 2), "job_id": job}
+    for seg in breakdown(milestones):
+        print(f"      {seg['seconds']:7.2f} s  {seg['from']} -> {seg['to']}", flush=True)
+    return {"mode": mode, "trial": index, "latency_s": round(latency, 2), "job_id": job, "preemptor_id": preemptor,
+            "milestones": {k: round(v, 3) for k, v in milestones.items()}, "breakdown": breakdown(milestones)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5, help="preemptions per mode (default 5)")
+    parser.add_argument("--interval", type=float, default=1.0, help="the watcher's --interval (default 1 s)")
+    parser.add_argument("--modes", default="watcher,native", help="comma-separated modes (default watcher,native)")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_recovery.json"))
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         for i in range(args.trials):
-            for mode in ("watcher", "native"):
-                results.append(trial(mode, i, Path(tmp)))
-    summary = {}
-    for mode in ("watcher", "native"):
-        values = [r["latency_s"] for r in results if r["mode"] == mode]
-        summary[mode] = {"median_s": round(statistics.median(values), 2), "min_s": min(values),
-                         "max_s": max(values), "trials": len(values)}
-    summary["speedup_native_over_watcher"] = round(summary["native"]["median_s"] / summary["watcher"]["median_s"], 1)
-    out = {"benchmark": "recovery latency (preemption -> first resumed step)", "summary": summary,
-           "trials": results, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            for mode in modes:
+                results.append(trial(mode, i, Path(tmp), args.interval))
+    summary: Dict[str, object] = {}
+    for mode in modes:
+        summary[mode] = summarise([r["latency_s"] for r in results if r["mode"] == mode])
+    if "watcher" in summary and "native" in summary:
+        summary["speedup_native_over_watcher"] = round(summary["native"]["median_s"] / summary["watcher"]["median_s"], 1)
+    out = {"benchmark": "recovery latency (preemption -> first resumed step)",
+           "clock": "starts when the preempting job is submitted, stops when the resumed attempt's first step is logged",
+           "watcher_interval_s": args.interval, "summary": summary,
+           "median_time_to_milestone_s": {m: segment_medians(results, m) for m in modes},
+           "median_segments": {m: median_segments(results, m) for m in modes},
+           "milestones": dict(MILESTONES), "trials": results, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(summary, indent=2))
+    print(json.dumps({"summary": summary, "median_time_to_milestone_s": out["median_time_to_milestone_s"]}, indent=2))
     return 0
 
 

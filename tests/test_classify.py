@@ -259,3 +259,38 @@ def test_announced_exit_code_is_the_last_one():
     lines = ["[hpc_agent] cannot resume: x; exiting 78", "noise", "[hpc_agent] diverged: loss is nan; exiting 65"]
     assert announced_exit_code(lines) == (65, lines[-1])
     assert announced_exit_code(["exiting 3"]) is None  # only launch/'s own lines count
+
+
+# A job requeued in place appends every attempt to one log and the watcher reads only its tail. When the
+# tail starts inside an earlier attempt, those lines are that attempt's end, not part of the next one
+# (found by the chaos benchmark: an injected GPU OOM was diagnosed as the previous attempt's preemption).
+APPENDED_TAIL = "\n".join([
+    "[hpc_agent] step 880 loss 1.9",
+    "[hpc_agent] SIGUSR2 with 30 s left before SIGKILL: a preemption notice",
+    "slurmstepd: error: *** JOB 376 ON node1 CANCELLED AT 2026-11-30T14:12:01 DUE TO JOB REQUEUE ***",
+    "submitit INFO (2026-11-30 14:12:09,000) - Starting with JobEnvironment(job_id=376, hostname=node1, "
+    "local_rank=0(1), node=0(1), global_rank=0(1))",
+    "[hpc_agent] resumed at step 880 (data position 7040 samples) from step_00000880",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+])
+
+
+@pytest.mark.parametrize("truncated, pieces, last_has_preemption", [
+    (True, 2, False),   # a tail: the lines before the first start are an earlier attempt's
+    (False, 1, True),   # the whole file: lines before the first start go with the first attempt
+])
+def test_split_attempts_of_a_truncated_tail(truncated, pieces, last_has_preemption):
+    got = split_attempts(LogText("376_0_log.out", APPENDED_TAIL, truncated=truncated))
+    assert len(got) == pieces
+    assert ("preemption notice" in got[-1].text) is last_has_preemption
+    assert "CUDA out of memory" in got[-1].text
+
+
+def test_tail_log_marks_a_cut_file(tmp_path):
+    from hpc_agent.diagnose import tail_log
+
+    path = tmp_path / "1_0_log.out"
+    path.write_text("a" * 100 + "\n" + APPENDED_TAIL + "\n")
+    assert tail_log(path, 10_000).truncated is False
+    cut = tail_log(path, len(APPENDED_TAIL) + 5)
+    assert cut.truncated is True and cut.text.startswith("[hpc_agent] step 880")

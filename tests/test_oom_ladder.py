@@ -1,7 +1,7 @@
 """The GPU OOM ladder guided by the memory estimate: skip the rungs that cannot fit (pure, table-driven)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 import pytest
 

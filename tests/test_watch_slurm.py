@@ -169,3 +169,51 @@ def test_slurmctld_outage_causes_no_requeue(root):
     finally:
         watcher.stop()
         subprocess.run([*CLUSTER, "up"], capture_output=True, timeout=300)
+
+
+def test_gpu_oom_ladder_skips_rungs_that_cannot_fit(root):
+    # A simulated 10 MiB GPU. The estimate for this model is 22.6 MiB at micro-batch 8, 12.4 at 4 and
+    # 7.3 at 2: the watcher reads the capacity from the OOM message and goes straight to 2 (x4 accumulation).
+    run_dir, job = submit(root, *LONG_RUN, "run.name=ladder", "model.d_model=64", "model.seq_len=128",
+                          "train.micro_batch_size=8", "train.max_steps=20", "train.ckpt_every=10",
+                          f"faults.gpu_memory_gib={10 / 1024}")
+    watcher = WatcherProcess(root)
+    try:
+        wait_for(lambda: phase(root, run_dir.name) == "completed", 300, what="the run to complete after the OOM")
+        first, second = ledger_job_ids(root, run_dir.name)  # one retry was enough
+        assert "total capacity of 10.00 MiB" in log_text(run_dir, first)
+        cfg = load_snapshot(run_dir / "config.yaml")
+        assert (cfg.train.micro_batch_size, cfg.train.grad_accum_steps) == (2, 4)
+        (decision,) = [e for e in events(run_dir) if e.get("cause") == "gpu_oom" and "decision" in e]
+        assert "skipped 1 rung(s)" in decision["decision"]["reason"]
+        assert "done: 20 steps" in log_text(run_dir, second)
+    finally:
+        watcher.stop()
+
+
+def test_gpu_health_critical_excludes_the_node(root):
+    # The in-job check reads a simulated GPU that reports uncorrectable ECC errors from step 8: the job
+    # exits 82, the watcher calls it gpu_hw_error and resubmits without that node, from step 5.
+    run_dir, job = submit(root, *LONG_RUN, "run.name=gpuhealth", "train.max_steps=20", "train.ckpt_every=5",
+                          "faults.gpu_critical_at_step=8")
+    watcher = WatcherProcess(root)
+    try:
+        wait_for(lambda: phase(root, run_dir.name) == "completed", 300, what="the resubmitted run to complete")
+        first, second = ledger_job_ids(root, run_dir.name)
+        assert first == job and attempts(job)[-1].exit_code.startswith("82")
+        (node,) = job_nodes(job)
+        assert f"GPU health CRITICAL on {node}: GPU 0: 2 uncorrectable ECC error(s)" in log_text(run_dir, job)
+        (decision,) = [e for e in events(run_dir) if e.get("cause") == "gpu_hw_error" and "decision" in e]
+        assert decision["decision"]["patch"] == {"slurm.exclude": node}
+        assert node not in job_nodes(second)
+        text = log_text(run_dir, second)
+        assert "resumed at step 5 " in text and "done: 20 steps" in text
+        from hpc_agent.metrics.tb_reader import RunScalars
+
+        tb = RunScalars(run_dir / "tb")
+        tb.update()
+        levels = {p.step: p.value for _, p in tb.raw("gpu_health/level")}
+        assert levels[1] == 0 and levels[7] == 0 and levels[8] == 2  # the readings reached TensorBoard
+        assert {p.step: p.value for _, p in tb.raw("gpu_health/gpu0/ecc_uncorrected_volatile")}[8] == 2
+    finally:
+        watcher.stop()

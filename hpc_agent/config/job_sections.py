@@ -100,13 +100,27 @@ class FaultsConfig:
     error_at_step: int = 0
     """Raise a plain Python error (a code bug) at this step."""
 
+    gpu_memory_gib: float = 0.0
+    """Simulate a GPU of this many GiB (0: off): the job raises a CUDA-style out-of-memory error, naming this
+    capacity, in its first training forward when ``hpc_agent.memory``'s per-GPU estimate for its config
+    exceeds it (gpt workload). Unlike the other faults it fires in every attempt: it is the hardware, not
+    a transient event, so only a config that fits gets past it."""
+
+    runtime_trigger: bool = False
+    """Let a running job take faults from ``<run_dir>/chaos/inject.json`` (the chaos driver's hook: NaN, GPU
+    OOM, host OOM, kill during a checkpoint save; see launch/chaos_trigger.py). Costs one stat per step."""
+
+    gpu_critical_at_step: int = 0
+    """Replace NVML with one simulated GPU that reports uncorrectable ECC errors from this step on, so the
+    in-job health check (``train.gpu_health_every``) stops the job with exit code 82 (rank 0's node)."""
+
     first_attempt_only: bool = True
     """Fire the faults only in the run's first attempt, like a transient fault, so the retry can get past
     them; false replays them in every attempt, like a deterministic bug."""
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
-        for name in ("oom_above_micro_batch", "host_alloc_mb", "host_alloc_step", "nan_at_step", "hang_at_step", "error_at_step"):
+        for name in ("oom_above_micro_batch", "gpu_memory_gib", "gpu_critical_at_step", "host_alloc_mb", "host_alloc_step", "nan_at_step", "hang_at_step", "error_at_step"):
             value = getattr(self, name)
             if value is None or value < 0:
                 problems.append(Problem(f"faults.{name}", value, "0 (off) or a positive number"))

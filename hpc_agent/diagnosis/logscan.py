@@ -33,6 +33,9 @@ class LogText:
     text: str
     line_numbers: Tuple[int, ...] = ()
     """File line number of each line of ``text`` when it is a piece of a longer log; empty: 1, 2, 3..."""
+    truncated: bool = False
+    """``text`` is a tail that does not start at the beginning of the file: the lines before its first
+    attempt-start marker belong to an earlier attempt."""
 
     def numbered_lines(self) -> Iterator[Tuple[int, str]]:
         for i, line in enumerate(self.text.splitlines()):
@@ -172,7 +175,9 @@ def _piece(log: LogText, numbered: Sequence[Tuple[int, str]]) -> LogText:
 
 def split_attempts(log: LogText) -> List[LogText]:
     """Cut an appended log into one piece per attempt (oldest first); lines before the first start go
-    with the first attempt. A log without start markers is one piece.
+    with the first attempt, unless the log is a truncated tail: then they are the end of an earlier
+    attempt and make a piece of their own (found in a chaos run: an earlier attempt's preemption lines
+    were blamed for the next attempt's OOM). A log without start markers is one piece.
 
     In a merged multi-rank log every rank prints its own start line, so a marker starts a new attempt
     only when its rank already started in the current piece.
@@ -185,7 +190,7 @@ def split_attempts(log: LogText) -> List[LogText]:
         cuts, ranks, seen = [0], set(), False
         for i in starts:
             rank = _rank_of(numbered[i][1])
-            if seen and (rank is None or rank in ranks):
+            if (not seen and log.truncated and i > 0) or (seen and (rank is None or rank in ranks)):
                 cuts.append(i)
                 ranks = set()
             seen = True

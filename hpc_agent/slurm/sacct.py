@@ -40,6 +40,11 @@ _STATE_WEIGHT = {s: i for i, s in enumerate((
 _JOBID_RE = re.compile(r"^(?P<base>\d+)(?:_(?P<task>\d+|\[[^\]]*\]))?(?:\+(?P<het>\d+))?(?:\.(?P<step>.+))?$")
 
 
+_STATE_SET = frozenset(STATES)
+_CANCELLED_BY_RE = re.compile(r"^(\S+)\s+by\s+(\S+)")
+_EXIT_CODE_RE = re.compile(r"^\s*(\d+):(\d+)\s*$")
+
+
 def parse_parsable2(text: str) -> List[Dict[str, str]]:
     """Rows of ``sacct --parsable2`` output as dicts keyed by the header line's field names."""
     lines = [line for line in text.splitlines() if line.strip()]
@@ -65,8 +70,10 @@ def normalize_state(raw: str) -> Tuple[str, Optional[str]]:
     written (and classifies as unknown rather than as a guess).
     """
     text = (raw or "").strip()
+    if text in _STATE_SET:  # the common case, a full state name as sacct prints it (hot: once per row)
+        return text, None
     by = None
-    match = re.match(r"^(\S+)\s+by\s+(\S+)", text)
+    match = _CANCELLED_BY_RE.match(text)
     if match:
         text, by = match.group(1), match.group(2)
     text = text.split(" ")[0].upper() if text else ""
@@ -79,7 +86,7 @@ def normalize_state(raw: str) -> Tuple[str, Optional[str]]:
 
 def parse_exit_code(raw: str) -> Tuple[Optional[int], Optional[int]]:
     """``"1:0"`` -> ``(1, 0)``: sacct's ExitCode is ``<exit status>:<signal>``."""
-    match = re.match(r"^\s*(\d+):(\d+)\s*$", raw or "")
+    match = _EXIT_CODE_RE.match(raw or "")
     return (int(match.group(1)), int(match.group(2))) if match else (None, None)
 
 

@@ -1,0 +1,115 @@
+"""python -m hpc_agent.chaos [CONFIG] [--schedule FILE | --seed N] [--duration S] [key=value ...]
+
+Submits one run (with ``faults.runtime_trigger=true``) to the Slurm cluster, runs the watcher on its
+runs root, injects the schedule's faults, waits for each recovery, and stops by itself when the run
+completes or ``--duration`` is up. It prints a report (every fault, the detected cause, the decision,
+the recovery time, steps lost, the final ETTR) and exits 0 only if nothing was lost: every fault
+injected and recovered, zero steps lost on signalled preemptions, the final checkpoint complete and
+the TensorBoard step series continuous.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hpc_agent.chaos.schedule import KINDS
+
+    p = argparse.ArgumentParser(prog="python -m hpc_agent.chaos", description=__doc__.split("\n\n")[1].replace("\n", " "),
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("config", nargs="?", default="configs/chaos.yaml", help="the training config to run")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. train.max_steps=6000)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--schedule", metavar="FILE", help="YAML/JSON schedule: a list of {kind, at_s}")
+    src.add_argument("--seed", type=int, default=0, help="make a schedule from this seed (when no --schedule)")
+    p.add_argument("--faults", type=int, default=len(KINDS), help="number of faults for --seed")
+    p.add_argument("--every", type=float, default=45.0, help="seconds between faults for --seed")
+    p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds for --seed")
+    p.add_argument("--duration", type=float, default=1800.0, help="stop after this many seconds whatever happened")
+    p.add_argument("--runs-root", default=None, help="runs root for the chaos run (default ./runs/chaos-<time>)")
+    p.add_argument("--report-json", metavar="OUT", help="also write the report as JSON")
+    p.add_argument("--print-schedule", action="store_true", help="print the schedule and exit")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from hpc_agent.chaos.schedule import ScheduleError, dumps, from_seed, load_schedule_text
+
+    args = build_parser().parse_args(argv)
+    overrides = list(args.overrides)
+    if args.config and "=" in args.config:  # only overrides given: keep the default config
+        overrides.insert(0, args.config)
+        args.config = "configs/chaos.yaml"
+    try:
+        if args.schedule:
+            schedule = load_schedule_text(Path(args.schedule).read_text())
+        else:
+            schedule = from_seed(args.seed, args.faults, args.every, [k for k in args.kinds.split(",") if k])
+    except OSError as exc:
+        print(f"chaos: cannot read schedule: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ScheduleError as exc:
+        print(f"chaos: bad schedule: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.print_schedule:
+        print(dumps(schedule))
+        return EXIT_OK
+    return run(args.config, overrides, schedule, args.duration, args.runs_root, args.report_json)
+
+
+def run(config: str, overrides: Sequence[str], schedule, duration: float, runs_root: Optional[str],
+        report_json: Optional[str]) -> int:
+    from hpc_agent.chaos import inject
+    from hpc_agent.chaos.driver import ChaosDriver, Target, submit_run
+    from hpc_agent.chaos.report import p3, passed, render
+
+    root = Path(runs_root or f"runs/chaos-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    try:
+        run_dir = submit_run(root, config, overrides)
+    except (RuntimeError, ValueError) as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    watcher = inject.Watcher(root)
+    watcher.start()
+    target = Target("watched", root, run_dir, watcher)
+    print(f"chaos: run {run_dir} under the watcher (log {watcher.log}); at most {duration:.0f}s", flush=True)
+    driver = ChaosDriver([target], schedule, duration_s=duration,
+                         out=lambda line: print(line, flush=True))
+    try:
+        summaries = driver.run()
+    finally:
+        watcher.stop()
+        _cancel(target)
+    print(render(driver.records, summaries))
+    print(f"P3 (steps lost per signalled preemption): {p3(driver.records)}")
+    if report_json:
+        out = {"faults": [r.to_dict() for r in driver.records], "p3": p3(driver.records),
+               "targets": [{"name": s.name, "completed": s.completed, "ettr": s.ettr, "productive_s": s.productive_s,
+                            "wall_s": s.wall_s, "checks": [c.__dict__ for c in s.checks]} for s in summaries],
+               "run_dir": str(run_dir), "passed": passed(summaries)}
+        Path(report_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_json).write_text(json.dumps(out, indent=2) + "\n")
+    return EXIT_OK if passed(summaries) else EXIT_FAILED
+
+
+def _cancel(target) -> None:
+    """Cancel whatever of the run is still queued (a run stopped by --duration)."""
+    from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+
+    ids = target.job_ids()
+    if ids:
+        try:
+            SlurmCLI(timeout_s=30).run(["scancel", *ids], check=False)
+        except SlurmError:
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Attempts and steps as the job logs show them. Pure: log texts in, segments out.
+
+Every attempt that trains prints ``[hpc_agent] attempt N: training steps A..B`` before its first step
+and ``[hpc_agent] step S loss ...`` for each logged step, so the logs of a run's jobs (in job order;
+a requeued job appends to its own log) split into segments, one per attempt that trained.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, List, Optional, Tuple
+
+_HEADER = re.compile(r"\[hpc_agent\] attempt (\d+): training steps (\d+)\.\.(\d+)")
+_STEP = re.compile(r"\[hpc_agent\] step (\d+) loss ")
+_DONE = re.compile(r"\[hpc_agent\] done: (\d+) steps")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One attempt that trained: it resumed after ``start_step - 1`` and logged up to ``last_step``."""
+
+    attempt: int
+    start_step: int
+    last_step: Optional[int]
+    """The last step logged; None while it has logged none."""
+
+    @property
+    def resumed_from(self) -> int:
+        return self.start_step - 1
+
+
+@dataclass(frozen=True)
+class Progress:
+    segments: Tuple[Segment, ...]
+    done: bool
+    """A log says ``done: N steps`` (the final checkpoint was written)."""
+
+    @property
+    def last_step(self) -> int:
+        return max((s.last_step for s in self.segments if s.last_step is not None), default=0)
+
+    @property
+    def training(self) -> Optional[Segment]:
+        """The newest segment if it has logged a step (the attempt that trains now or trained last)."""
+        return self.segments[-1] if self.segments and self.segments[-1].last_step is not None else None
+
+
+def parse_progress(texts: Iterable[str]) -> Progress:
+    """Segments from the logs of a run's jobs, given in job order."""
+    segments: List[Segment] = []
+    done = False
+    for text in texts:
+        for line in text.splitlines():
+            header = _HEADER.search(line)
+            if header:
+                segments.append(Segment(int(header.group(1)), int(header.group(2)), None))
+                continue
+            step = _STEP.search(line)
+            if step and segments:
+                last = segments[-1]
+                segments[-1] = Segment(last.attempt, last.start_step, int(step.group(1)))
+                continue
+            if _DONE.search(line):
+                done = True
+    return Progress(tuple(segments), done)
+
+
+def recovered_segment(before: Progress, now: Progress) -> Optional[Tuple[Segment, Segment]]:
+    """``(hit, new)`` once an attempt newer than the ones ``before`` knew has logged a step: ``hit`` is
+    the segment the fault ended (as the logs show it now, including steps it logged after the
+    injection), ``new`` the first segment after it that trained. None while there is none."""
+    index = len(before.segments)
+    later = [s for s in now.segments[index:] if s.last_step is not None]
+    if not later or index == 0:
+        return None
+    return now.segments[index - 1], later[0]
+
+
+def steps_lost(hit: Segment, new: Segment) -> int:
+    """Steps trained by the ended attempt that the next one trains again (0 if it resumed at its last step)."""
+    return max(0, (hit.last_step or hit.resumed_from) - new.resumed_from)

@@ -1,0 +1,186 @@
+"""Submitting sweep trials as one submitit job array, and finding an array again after a crash.
+
+Naming (why it is not ``hpc_agent:<run_id>``): every task of a Slurm array shares one job name, so a
+trial cannot carry its run id in the name. Each array is named ``hpc_agent:sweep:<sweep>:<batch>``
+instead, and the trial's place in it (batch, index) is written to the Optuna trial's user attributes
+*before* sbatch runs. That record is the trial's intent: a driver restarted after a crash between sbatch
+and recording the job ids asks Slurm for the array by name and maps index i to task ``<array>_<i>``
+(submitit submits a batch's jobs in order, one array index each). Only once the job id is known does
+the trial enter the runs ledger (run, intent, job id in one go), so the watcher never sees a trial
+intent without a job id, and its by-name reconciliation (which looks for ``hpc_agent:<run_id>``) can
+never resubmit a trial that is in fact queued as an array task. From then on the watcher follows the
+trial like any run: array task ids (``123_4``) work with sacct -D, squeue, scontrol requeue/update.
+
+Logs: the array writes every task's log into one folder (``<sweep dir>/slurm``). Diagnose and the
+watcher look in ``<run dir>/slurm/<job id>_<rank>_log.out``, so each task's log file is hard-linked
+there (created empty in append mode first, which never truncates what the job may already have
+written; the jobs open their logs in append mode too).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from hpc_agent.config.schema import Config
+from hpc_agent.fsutil import atomic_write_json
+from hpc_agent.launcher import JOB_NAME_PREFIX, load_template, slurm_parameters
+from hpc_agent.slurm.cli import SlurmError
+from hpc_agent.slurm.sacct import parse_sacct
+
+TRIAL_ENV = {"run_dir": "HPC_AGENT_TRIAL_RUN_DIR", "run_id": "HPC_AGENT_TRIAL_RUN_ID",
+             "config": "HPC_AGENT_TRIAL_CONFIG"}
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """One trial's place in an array submission."""
+
+    number: int
+    run_id: str
+    run_dir: Path
+    config_path: Path
+    cfg: Config
+
+
+def array_name(sweep: str, batch: str) -> str:
+    return f"{JOB_NAME_PREFIX}sweep:{sweep}:{batch}"
+
+
+def task_job_id(array_ids: Sequence[str], index: int, size: int) -> Optional[str]:
+    """The job id of task ``index`` among what Slurm lists under an array's name.
+
+    A batch of one is submitted by submitit as a plain job (``123``), a larger one as an array
+    (``123_0`` ..). Pending tasks may still be listed together (``123_[2-3]``): their id is still
+    ``<array>_<index>``."""
+    if size == 1:
+        plain = [j for j in array_ids if "_" not in j]
+        return plain[-1] if plain else None
+    for job_id in array_ids:
+        base, _, task = job_id.partition("_")
+        if task == str(index):
+            return job_id
+        if task.startswith("[") and _in_range(task, index):
+            return f"{base}_{index}"
+    return None
+
+
+def _in_range(spec: str, index: int) -> bool:
+    """``[0-3%2]`` / ``[1,4-5]`` contains ``index``?"""
+    for part in spec.strip("[]").split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (int(lo) <= index <= int(hi or lo) if (hi or lo).isdigit() else False):
+            return True
+    return False
+
+
+def array_setup(lines: Sequence[str], jobs: Sequence[TrialJob]) -> List[str]:
+    """The template's setup/srun lines for an array: the per-run placeholders become shell variables
+    that a ``case`` on ``$SLURM_ARRAY_TASK_ID`` sets per task (the template renders them per run)."""
+    import shlex
+
+    out = []
+    for line in lines:
+        for key, var in TRIAL_ENV.items():
+            line = line.replace("{" + key + "}", f'"${{{var}}}"')
+        out.append(line)
+    if len(jobs) == 1:
+        only = jobs[0]
+        head = [f"{TRIAL_ENV['run_dir']}={shlex.quote(str(only.run_dir))}",
+                f"{TRIAL_ENV['run_id']}={shlex.quote(only.run_id)}",
+                f"{TRIAL_ENV['config']}={shlex.quote(str(only.config_path))}"]
+        return head + out
+    cases = " ".join(
+        f"{i}) {TRIAL_ENV['run_dir']}={shlex.quote(str(j.run_dir))}; {TRIAL_ENV['run_id']}={shlex.quote(j.run_id)}; "
+        f"{TRIAL_ENV['config']}={shlex.quote(str(j.config_path))};;" for i, j in enumerate(jobs))
+    return [f'case "${{SLURM_ARRAY_TASK_ID:-0}}" in {cases} esac'] + out
+
+
+def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int) -> Dict:
+    """submitit parameters for the array: the first trial's slurm section (a sweep never varies slurm.*)."""
+    from hpc_agent.paths import repo_root
+
+    first = jobs[0]
+    template = load_template(first.cfg.slurm.template)
+    params = slurm_parameters(first.cfg, first.run_id, first.run_dir, first.config_path, template)
+    values = {"repo": str(repo_root())}
+    params["setup"] = array_setup([_fill(line, values) for line in template.setup], jobs)
+    params["srun_args"] = [_fill(a, values).replace("{run_dir}", f"${{{TRIAL_ENV['run_dir']}}}")
+                           for a in template.srun_args]
+    params["job_name"] = array_name(sweep, batch)
+    params["comment"] = f"hpc_agent sweep={sweep} batch={batch}"
+    params["array_parallelism"] = parallel
+    return params
+
+
+def _fill(line: str, values: Mapping[str, str]) -> str:
+    import shlex
+
+    for key, value in values.items():
+        line = line.replace("{" + key + "}", shlex.quote(value))
+    return line
+
+
+def submit_array(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int, folder: Path) -> List[str]:
+    """sbatch one array (or a plain job for a batch of one); returns the job ids in trial order."""
+    import submitit
+
+    from hpc_agent.job import TrainingJob
+
+    executor = submitit.SlurmExecutor(folder=folder)
+    executor.update_parameters(**array_parameters(jobs, sweep, batch, parallel))
+    with executor.batch():
+        handles = [executor.submit(TrainingJob(j.run_dir, j.config_path)) for j in jobs]
+    return [h.job_id for h in handles]
+
+
+def find_array(slurm, sweep: str, batch: str, since: float) -> Optional[List[str]]:
+    """Job ids Slurm lists under an array's name (squeue and sacct); None if Slurm does not answer."""
+    name = array_name(sweep, batch)
+    start = _dt.datetime.fromtimestamp(since - 60).strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        queued = slurm.run(["squeue", "--noheader", "--array", "--name", name, "--format", "%i"]).stdout.split()
+        text = slurm.run(["sacct", "--parsable2", "--allocations", "--name", name, "--starttime", start,
+                          "--format", "JobID,JobName,State"]).stdout
+    except SlurmError:
+        return None
+    return sorted(set(queued) | {row.job_id for row in parse_sacct(text)})
+
+
+def link_logs(sweep_slurm: Path, run_dir: Path, job_id: str, ranks: int) -> None:
+    """Make the array task's logs appear under the trial's run dir (see the module docstring)."""
+    (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+    for rank in range(ranks):
+        name = f"{job_id}_{rank}_log.out"
+        target, link = sweep_slurm / name, run_dir / "slurm" / name
+        if link.exists():
+            continue
+        with open(target, "a"):
+            pass  # append mode: never truncates a log the running job already writes
+        try:
+            os.link(target, link)
+        except OSError:  # another file system: a symlink still lets diagnose read it
+            link.symlink_to(target)
+
+
+def register_trial(ledger, job: TrialJob, job_id: str, sweep: str, batch: str, sweep_slurm: Path) -> None:
+    """Enter a submitted trial in the runs ledger and its run.json (idempotent: adoption may repeat it)."""
+    from hpc_agent.submission import update_run_json
+
+    if ledger.run(job.run_id) is None:
+        ledger.add_run(job.run_id, job.cfg.run.name, str(job.run_dir))
+    if job_id not in {s.job_id for s in ledger.submissions(job.run_id)}:
+        sub = ledger.record_intent(job.run_id, "slurm", str(job.config_path), reason=f"sweep {sweep} trial {job.number}")
+        ledger.record_submitted(sub, job_id)
+        ledger.set_phase(job.run_id, "pending")
+    ranks = job.cfg.slurm.tasks_per_node * job.cfg.slurm.nodes
+    link_logs(sweep_slurm, job.run_dir, job_id, ranks)
+    path = job.run_dir / "run.json"
+    if not (path.exists() and job_id in json.loads(path.read_text()).get("job_ids", [])):
+        update_run_json(job.run_dir, job.run_id, "slurm", job_id, job.config_path, job.cfg)
+        info = json.loads(path.read_text())
+        info.update({"job_name": array_name(sweep, batch), "sweep": sweep, "trial": job.number})
+        atomic_write_json(path, info)

@@ -1,0 +1,137 @@
+"""Faults injected into a *running* job by a file: the chaos driver's hook (``faults.runtime_trigger``).
+
+Off by default. When ``faults.runtime_trigger`` is true every rank ``stat``s
+``<run_dir>/chaos/inject.json`` once per optimizer step (one syscall; the file is read only when its
+mtime or size changed). The file holds one fault::
+
+    {"kind": "nan" | "gpu_oom" | "host_oom" | "kill_during_save", "nonce": "<unique>", "mb": 1500, "stall_s": 600}
+
+Each nonce fires once per rank, ever: before acting, the rank writes ``chaos/fired/<nonce>.rank<R>``,
+so a resumed attempt that finds the same file does not fire it again (unlike ``cfg.faults``, which are
+tied to a step and replay when a resume goes back before it).
+
+- ``nan``: the loss of the next micro-step is NaN (the job exits 76, diverged).
+- ``gpu_oom``: a CUDA-style ``torch.OutOfMemoryError`` at the next step (the job exits 71).
+- ``host_oom``: rank 0 allocates and touches ``mb`` MB of host memory (the cgroup kills the job).
+- ``kill_during_save``: at the next checkpoint save, rank 0 stops after every rank's shards are on
+  disk and *before* ``COMPLETE.json`` is written, writes ``chaos/in_save.json`` and sleeps
+  ``stall_s`` seconds. The driver then preempts the job: Slurm's SIGKILL at the end of the grace time
+  lands inside the save, leaving a torn checkpoint that the resume must skip.
+
+With several ranks each rank acts when it first sees the file, which can be a step apart; the
+chaos runs use one rank per job.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from hpc_agent.fsutil import atomic_write_json
+
+KINDS = ("nan", "gpu_oom", "host_oom", "kill_during_save")
+TRIGGER_FILE = "inject.json"
+IN_SAVE_FILE = "in_save.json"
+_HELD: List[bytearray] = []  # keeps the injected host allocation alive until the process dies
+
+
+def chaos_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "chaos"
+
+
+class RuntimeTrigger:
+    """Polls the trigger file; a no-op object when disabled (``enabled=False``)."""
+
+    def __init__(self, run_dir: Path, rank: int, enabled: bool):
+        self.enabled = enabled
+        self.rank = rank
+        self.dir = chaos_dir(run_dir)
+        self.path = self.dir / TRIGGER_FILE
+        self._seen: Optional[Tuple[int, int]] = None  # (mtime_ns, size) of the last read
+        self._nan = False
+        self._stall_s: Optional[float] = None
+        self._stall_nonce = ""
+
+    def _say(self, text: str) -> None:
+        print(f"[hpc_agent] fault: {text} (rank {self.rank}, runtime trigger)", flush=True)
+
+    def _fired_path(self, nonce: str) -> Path:
+        safe = "".join(ch for ch in nonce if ch.isalnum() or ch in "-_.")[:80] or "empty"
+        return self.dir / "fired" / f"{safe}.rank{self.rank}"
+
+    def _mark_fired(self, nonce: str, step: int, kind: str) -> None:
+        atomic_write_json(self._fired_path(nonce), {"nonce": nonce, "kind": kind, "step": step, "time": time.time()})
+
+    def _read(self) -> Optional[Dict[str, Any]]:
+        """The trigger when the file changed since the last look and its nonce has not fired here."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._seen = None
+            return None
+        key = (st.st_mtime_ns, st.st_size)
+        if key == self._seen:
+            return None
+        try:
+            spec = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None  # mid-write by a non-atomic writer: look again next step
+        self._seen = key
+        if not isinstance(spec, dict) or spec.get("kind") not in KINDS:
+            self._say(f"ignoring {self.path}: kind must be one of {', '.join(KINDS)}")
+            return None
+        nonce = str(spec.get("nonce", ""))
+        if self._fired_path(nonce).exists():
+            return None
+        return spec
+
+    def before_step(self, step: int) -> None:
+        if not self.enabled:
+            return
+        spec = self._read()
+        if spec is None:
+            return
+        kind, nonce = spec["kind"], str(spec.get("nonce", ""))
+        if kind == "kill_during_save":  # fires (and is marked) when the next save reaches the hook
+            self._stall_s, self._stall_nonce = float(spec.get("stall_s", 600)), nonce
+            self._say(f"armed: the next checkpoint save stalls before {'COMPLETE.json'} (nonce {nonce})")
+            return
+        self._mark_fired(nonce, step, kind)
+        if kind == "nan":
+            self._say(f"making the loss NaN at step {step} (nonce {nonce})")
+            self._nan = True
+        elif kind == "gpu_oom":
+            import torch
+
+            self._say(f"out of memory at step {step} (nonce {nonce})")
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the chaos "
+                                         f"runtime trigger, nonce {nonce})")
+        elif kind == "host_oom" and self.rank == 0:
+            mb = int(spec.get("mb", 0))
+            self._say(f"allocating and touching {mb} MB of host memory at step {step} (nonce {nonce})")
+            block = bytearray(mb * 2**20)
+            for offset in range(0, len(block), 4096):  # touch every page so it is really resident
+                block[offset] = 1
+            _HELD.append(block)
+
+    def loss(self, loss: Any) -> Any:
+        if self._nan:
+            self._nan = False
+            return loss * float("nan")
+        return loss
+
+    def before_marker(self, step: int, tag_dir: Path) -> None:
+        """Called by rank 0 inside ``checkpoint.save`` after the shards and before the marker."""
+        if self._stall_s is None:
+            return
+        stall, nonce = self._stall_s, self._stall_nonce
+        self._stall_s = None
+        self._mark_fired(nonce, step, "kill_during_save")
+        atomic_write_json(self.dir / IN_SAVE_FILE, {"nonce": nonce, "step": step, "tag": tag_dir.name,
+                                                    "pid": os.getpid(), "time": time.time()})
+        self._say(f"stalling in the save of {tag_dir.name} before COMPLETE.json for {stall:.0f}s (nonce {nonce})")
+        deadline = time.monotonic() + stall
+        while time.monotonic() < deadline:  # signals are only recorded meanwhile; Slurm's SIGKILL ends it
+            time.sleep(0.5)

@@ -1,0 +1,88 @@
+"""Pure helpers of scripts/bench_recovery.py: log parsing into milestones and the latency breakdown."""
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_recovery.py"
+_spec = importlib.util.spec_from_file_location("bench_recovery", BENCH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text).timestamp()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("2026-11-30T12:40:05.536", "2026-11-30T12:40:05.536"),
+    ("2026-11-30 12:40:05,536", "2026-11-30T12:40:05.536"),
+    ("2026-11-30T12:40:05", "2026-11-30T12:40:05"),
+])
+def test_parse_stamp_reads_slurm_and_submitit_formats(text, expected):
+    assert bench.parse_stamp(text) == pytest.approx(ts(expected))
+
+
+CTLD = """[2026-11-30T12:39:53.209] sched/backfill: _start_job: Started JobId=183 in low on node[1-2]
+[2026-11-30T13:00:02.099] Requeuing JobId=183
+[2026-11-30T13:00:02.099] sched: Allocate JobId=184 NodeList=node[1-2] #CPUs=4 Partition=high
+[2026-11-30T13:00:02.500] Requeuing JobId=1830
+[2026-11-30T13:00:04.149] _job_complete: JobId=184 done
+[2026-11-30T13:00:06.462] sched: _update_job: setting begin to 2026-11-30T13:00:06 for JobId=183
+[2026-11-30T13:00:06.807] sched: Allocate JobId=183 NodeList=node[1-2] #CPUs=2 Partition=low""".splitlines()
+
+
+def test_slurmctld_milestones_pick_the_lines_of_this_trial_only():
+    found = bench.slurmctld_milestones(CTLD, "183", "184", since=ts("2026-11-30T13:00:00"))
+    assert found == {"requeued": ts("2026-11-30T13:00:02.099"), "preemptor_started": ts("2026-11-30T13:00:02.099"),
+                     "preemptor_done": ts("2026-11-30T13:00:04.149"), "expedited": ts("2026-11-30T13:00:06.462"),
+                     "job_restarted": ts("2026-11-30T13:00:06.807")}  # the 12:39 start is before the clock
+
+
+def test_slurmd_milestones_take_the_last_node_and_ignore_other_jobs():
+    node1 = ["[2026-11-30T13:04:52.330] [197.batch] done with job", "[2026-11-30T13:04:53.636] [197.0] done with job",
+             "[2026-11-30T13:04:53.000] [1970.0] done with job"]
+    node2 = ["[2026-11-30T13:04:53.649] [197.0] done with job"]
+    found = bench.slurmd_milestones([node1, node2], "197", since=ts("2026-11-30T13:04:50"))
+    assert found == {"batch_done": ts("2026-11-30T13:04:52.330"), "steps_done": ts("2026-11-30T13:04:53.649")}
+
+
+def test_submitit_milestones_skip_the_attempt_before_the_preemption():
+    log = ("submitit INFO (2026-11-30 12:40:00,100) - Starting with JobEnvironment(job_id=1)\n"
+           "[2026-11-30 12:40:01,200] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU.\n"
+           "submitit INFO (2026-11-30 12:40:17,736) - Starting with JobEnvironment(job_id=1)\n"
+           "[2026-11-30 12:40:18,833] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU.\n")
+    found = bench.submitit_milestones(log, since=ts("2026-11-30T12:40:05"))
+    assert found == {"submitit_started": ts("2026-11-30T12:40:17.736"),
+                     "torch_deepspeed_imported": ts("2026-11-30T12:40:18.833")}
+
+
+def test_breakdown_cuts_by_actual_time_so_segments_add_up():
+    times = {"preemptor_submitted": 100.0, "requeued": 103.0, "preemptor_done": 106.0, "expedited": 104.5,
+             "first_step_seen": 111.0, "not_a_milestone": 50.0}
+    segments = bench.breakdown(times)
+    assert [(s["from"], s["to"]) for s in segments] == [("preemptor_submitted", "requeued"), ("requeued", "expedited"),
+                                                        ("expedited", "preemptor_done"),
+                                                        ("preemptor_done", "first_step_seen")]
+    assert sum(s["seconds"] for s in segments) == pytest.approx(11.0)
+
+
+def test_segment_medians_are_offsets_from_the_clock_start_per_mode():
+    trials = [{"mode": "watcher", "milestones": {"preemptor_submitted": 10.0, "first_step_seen": 19.0}},
+              {"mode": "watcher", "milestones": {"preemptor_submitted": 50.0, "first_step_seen": 61.0}},
+              {"mode": "watcher", "milestones": {"preemptor_submitted": 70.0, "first_step_seen": 80.0}},
+              {"mode": "native", "milestones": {"preemptor_submitted": 0.0, "first_step_seen": 131.0}}]
+    assert bench.segment_medians(trials, "watcher") == {"preemptor_submitted": 0.0, "first_step_seen": 10.0}
+    assert bench.segment_medians(trials, "native") == {"preemptor_submitted": 0.0, "first_step_seen": 131.0}
+
+
+def test_median_segments_use_only_milestones_every_trial_of_the_mode_has():
+    trials = [{"mode": "watcher", "milestones": {"preemptor_submitted": 0.0, "expedited": 4.0, "first_step_seen": 10.0}},
+              {"mode": "watcher", "milestones": {"preemptor_submitted": 0.0, "first_step_seen": 12.0}},
+              {"mode": "watcher", "milestones": {"preemptor_submitted": 0.0, "first_step_seen": 11.0}}]
+    assert bench.median_segments(trials, "watcher") == [
+        {"from": "preemptor_submitted", "to": "first_step_seen", "median_s": 11.0, "min_s": 10.0, "max_s": 12.0}]
+    assert bench.median_segments(trials, "native") == []

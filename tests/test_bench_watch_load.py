@@ -1,0 +1,48 @@
+"""Pure helpers of scripts/bench_watch_load.py: the synthetic sacct answer parses like sacct's, and the summary."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_watch_load.py"
+_spec = importlib.util.spec_from_file_location("bench_watch_load", BENCH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_synthetic_sacct_parses_into_one_attempt_per_job_with_the_intended_states():
+    from hpc_agent.slurm.sacct import group_attempts, parse_sacct
+
+    ids = [str(100 + i) for i in range(20)]
+    attempts = group_attempts(parse_sacct(bench.synthetic_sacct(ids, pending_every=10)))
+    assert sorted(attempts) == sorted(ids)
+    states = [attempts[j][-1].state for j in ids]
+    assert states.count("PENDING") == 2 and states.count("RUNNING") == 18
+    assert [s.step for s in attempts["100"][-1].steps] == ["batch", "0"]
+    assert attempts["109"][-1].steps == ()  # a pending job has no steps yet
+
+
+def test_per_tick_summary_takes_medians_and_the_largest_call_count():
+    ticks = [{"calls": {"sacct": 1}, "cpu_ms": 10.0, "wall_ms": 100.0, "sacct_wall_ms": 90.0},
+             {"calls": {"sacct": 1, "squeue": 1}, "cpu_ms": 30.0, "wall_ms": 140.0, "sacct_wall_ms": 95.0},
+             {"calls": {"sacct": 1}, "cpu_ms": 20.0, "wall_ms": 120.0, "sacct_wall_ms": 92.0}]
+    summary = bench.per_tick_summary(ticks)
+    assert summary["slurm_calls_per_tick"] == {"sacct": 1, "squeue": 1}
+    assert summary["slurm_calls_total_per_tick"] == 2
+    assert summary["watcher_cpu_ms_median"] == 20.0 and summary["watcher_cpu_ms_max"] == 30.0
+    assert summary["sacct_subprocess_wall_ms_median"] == 92.0
+
+
+def test_counting_client_counts_by_command_and_answers_every_id(monkeypatch):
+    class FakeCLI:
+        def sacct(self, ids, fields, all_attempts):
+            return "|".join(fields) + "\n"
+
+        def run(self, argv, check=True, timeout_s=None):
+            return argv
+
+    client = bench.CountingSlurm(FakeCLI())
+    text = client.sacct(["1", "2"])
+    client.run(["squeue", "--noheader"])
+    assert dict(client.calls) == {"sacct": 1, "squeue": 1}
+    assert text.count("\n") == 1 + 2 * 3  # header, then allocation + batch + step for each running job

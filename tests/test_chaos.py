@@ -1,0 +1,337 @@
+"""The chaos driver's pure parts (schedule, progress, report, checks) and the job's run-time trigger."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpc_agent.chaos.progress import Progress, Segment, parse_progress, recovered_segment, steps_lost
+from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ettr, fault_checks,
+                                    final_checkpoint_check, p3, passed, render)
+from hpc_agent.chaos.schedule import (DEFAULT_MIX, KINDS, Fault, ScheduleError, from_seed, load_schedule_text,
+                                      parse_schedule)
+from tests.conftest import REPO, run_cli
+
+# --- schedule -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data, expected", [
+    ([{"kind": "preempt", "at_s": 30}], [Fault("preempt", 30.0)]),
+    ({"faults": [{"kind": "nan", "at_s": 90}, {"kind": "preempt", "at_s": 10.5}]},
+     [Fault("preempt", 10.5), Fault("nan", 90.0)]),  # sorted by time
+    ([{"kind": k, "at_s": i} for i, k in enumerate(KINDS)], [Fault(k, float(i)) for i, k in enumerate(KINDS)]),
+])
+def test_parse_schedule(data, expected):
+    assert parse_schedule(data) == expected
+
+
+@pytest.mark.parametrize("data, message", [
+    ([], "non-empty list"),
+    ({"faults": "preempt"}, "non-empty list"),
+    (None, "non-empty list"),
+    (["preempt"], "fault 1: expected a mapping"),
+    ([{"kind": "meteor", "at_s": 1}], "kind 'meteor' is not one of"),
+    ([{"kind": "nan", "at_s": -1}], "at_s must be a number"),
+    ([{"kind": "nan", "at_s": True}], "at_s must be a number"),
+    ([{"kind": "nan", "at_s": "soon"}], "at_s must be a number"),
+    ([{"kind": "nan"}], "at_s must be a number"),
+    ([{"kind": "nan", "at_s": 1, "when": 2}], "unknown keys when"),
+])
+def test_parse_schedule_rejects(data, message):
+    with pytest.raises(ScheduleError, match=message):
+        parse_schedule(data)
+
+
+def test_parse_schedule_reports_every_problem_at_once():
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule([{"kind": "meteor", "at_s": 1}, {"kind": "nan", "at_s": -5}])
+    assert "fault 1" in str(err.value) and "fault 2" in str(err.value)
+
+
+@pytest.mark.parametrize("text, first", [
+    ('{"faults": [{"kind": "gpu_oom", "at_s": 5}]}', Fault("gpu_oom", 5.0)),
+    ("- {kind: host_oom, at_s: 7}\n", Fault("host_oom", 7.0)),
+])
+def test_load_schedule_text(text, first):
+    assert load_schedule_text(text)[0] == first
+
+
+def test_load_schedule_text_bad_yaml():
+    with pytest.raises(ScheduleError, match="not valid YAML"):
+        load_schedule_text("faults: [unclosed")
+
+
+def test_ci_schedule_file_parses():
+    faults = load_schedule_text((REPO / "configs" / "chaos_ci_schedule.yaml").read_text())
+    assert {f.kind for f in faults} >= {"preempt", "nan", "kill_during_save", "gpu_oom", "watcher_kill"}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_from_seed_is_reproducible_and_covers_every_kind_before_repeating(seed):
+    kinds = list(dict.fromkeys(DEFAULT_MIX))
+    one = from_seed(seed, count=len(kinds) + 3, every_s=60)
+    assert one == from_seed(seed, count=len(kinds) + 3, every_s=60)
+    assert len(one) == len(kinds) + 3
+    assert [f.at_s for f in one] == sorted(f.at_s for f in one)
+    # the first len(kinds) slots (about every_s apart, jitter < half a gap) hold each kind once
+    assert sorted(f.kind for f in one[:len(kinds)]) == sorted(kinds)
+    for i, f in enumerate(one):
+        assert abs(f.at_s - 60 * (i + 1)) <= 0.2 * 60 + 1e-9
+
+
+def test_from_seed_differs_across_seeds():
+    assert [f.kind for f in from_seed(1, 8, 30)] != [f.kind for f in from_seed(2, 8, 30)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"count": 0, "every_s": 10}, "count >= 1"),
+    ({"count": 3, "every_s": 0}, "every_s > 0"),
+    ({"count": 3, "every_s": 10, "jitter": 1.0}, "jitter"),
+    ({"count": 3, "every_s": 10, "kinds": ["preempt", "flood"]}, "unknown fault kinds flood"),
+])
+def test_from_seed_rejects(kwargs, message):
+    with pytest.raises(ScheduleError, match=message):
+        from_seed(0, **kwargs)
+
+
+# --- progress -------------------------------------------------------------------------------------------
+def _header(attempt, start, end=100):
+    return f"[hpc_agent] attempt {attempt}: training steps {start}..{end}, global batch 8 = 8 x 1 x 1 ranks"
+
+
+def _step(n):
+    return f"[hpc_agent] step {n} loss 1.23 lr 1e-3 grad_norm 0.5 step_time 0.01s ({n}/100)"
+
+
+@pytest.mark.parametrize("texts, segments, done", [
+    ([""], (), False),
+    (["\n".join([_step(1), "noise"])], (), False),  # a step line before any header belongs to no attempt
+    (["\n".join([_header(0, 1), _step(1), _step(2)])], (Segment(0, 1, 2),), False),
+    # a requeued job appends to its own log
+    (["\n".join([_header(0, 1), _step(1), _step(5), "[hpc_agent] signal SIGUSR2 at step 5", _header(1, 6), _step(6)])],
+     (Segment(0, 1, 5), Segment(1, 6, 6)), False),
+    # a resubmission is another job's log; an attempt that trained nothing yet has no last step
+    (["\n".join([_header(0, 1), _step(3)]), _header(1, 3)], (Segment(0, 1, 3), Segment(1, 3, None)), False),
+    (["\n".join([_header(2, 41), _step(100), "[hpc_agent] done: 100 steps"])], (Segment(2, 41, 100),), True),
+])
+def test_parse_progress(texts, segments, done):
+    progress = parse_progress(texts)
+    assert progress.segments == segments and progress.done is done
+
+
+@pytest.mark.parametrize("before, now, expected", [
+    ((Segment(0, 1, 10),), (Segment(0, 1, 12),), None),                                   # same attempt still
+    ((Segment(0, 1, 10),), (Segment(0, 1, 12), Segment(1, 13, None)), None),              # new one not training yet
+    ((Segment(0, 1, 10),), (Segment(0, 1, 12), Segment(1, 13, 14)), (Segment(0, 1, 12), Segment(1, 13, 14))),
+    # an attempt that died before its first step is passed over
+    ((Segment(0, 1, 10),), (Segment(0, 1, 12), Segment(1, 11, None), Segment(2, 11, 11)),
+     (Segment(0, 1, 12), Segment(2, 11, 11))),
+    ((), (Segment(0, 1, 3),), None),                                                      # nothing was hit
+])
+def test_recovered_segment(before, now, expected):
+    assert recovered_segment(Progress(before, False), Progress(now, False)) == expected
+
+
+@pytest.mark.parametrize("hit, new, lost", [
+    (Segment(0, 1, 2139), Segment(1, 2140, 2141), 0),       # signalled preemption: saved at the signal step
+    (Segment(1, 2140, 3554), Segment(2, 3401, 3401), 154),  # NaN at 3555, back to the step-3400 checkpoint
+    (Segment(2, 3401, 5200), Segment(3, 5001, 5010), 200),  # killed during the step-5200 save
+    (Segment(0, 1, None), Segment(1, 1, 1), 0),             # nothing trained yet
+])
+def test_steps_lost(hit, new, lost):
+    assert steps_lost(hit, new) == lost
+
+
+# --- report and the nothing-lost checks -----------------------------------------------------------------
+@pytest.mark.parametrize("steps, max_steps, ok, fragment", [
+    (list(range(1, 11)), 10, True, "10 points"),
+    ([1, 2, 4, 5], 5, False, "1 missing (first [3])"),
+    ([1, 2, 2, 3], 3, False, "1 duplicated"),
+    ([1, 2, 3, 4], 3, False, "unexpected [4]"),
+    ([], 3, False, "3 missing"),
+])
+def test_continuity_check(steps, max_steps, ok, fragment):
+    check = continuity_check(steps, max_steps)
+    assert check.ok is ok and fragment in check.detail
+
+
+@pytest.mark.parametrize("step, problem, ok", [
+    (100, None, True),
+    (80, None, False),
+    (None, "no COMPLETE.json", False),
+])
+def test_final_checkpoint_check(step, problem, ok):
+    check = final_checkpoint_check(step, problem, 100)
+    assert check.ok is ok
+    if problem:
+        assert problem in check.detail
+
+
+def _rec(kind, lost=0, recovered=True, injected=1.0):
+    return FaultRecord(kind, "watched", 0.0, injected_at_s=injected, recovered=recovered, steps_lost=lost)
+
+
+@pytest.mark.parametrize("records, failing", [
+    ([_rec("preempt"), _rec("nan", 150)], []),
+    ([_rec("preempt", 3)], ["zero steps lost on signalled preemptions"]),
+    ([_rec("gpu_oom", recovered=False)], ["every fault recovered"]),
+    ([_rec("nan", injected=None, recovered=False)], ["every fault injected"]),
+])
+def test_fault_checks(records, failing):
+    assert [c.name for c in fault_checks(records) if not c.ok] == failing
+
+
+def test_p3_counts_only_signalled_preemptions():
+    records = [_rec("preempt", 0), _rec("kill_during_save", 200), _rec("preempt", 0), _rec("nan", 50)]
+    assert p3(records) == {"preemptions": 2, "steps_lost": [0, 0], "mean": 0, "max": 0}
+    assert p3([_rec("nan")])["preemptions"] == 0
+
+
+@pytest.mark.parametrize("productive, start, end, expected", [
+    (90.0, 0.0, 100.0, 0.9),
+    (120.0, 0.0, 100.0, 1.0),   # clock skew between the job and here never gives more than 1
+    (10.0, None, 100.0, None),
+    (10.0, 100.0, 100.0, None),
+])
+def test_ettr(productive, start, end, expected):
+    assert ettr(productive, start, end) == expected
+
+
+def test_render_shows_every_fault_and_check():
+    records = [_rec("preempt"), FaultRecord("nan", "watched", 30, injected_at_s=31, detected_cause="diverged",
+                                            decision="resubmit", recovery_s=9.2, steps_lost=154, recovered=True)]
+    summary = TargetSummary("watched", True, 100, 0.5, 50.0, 100.0,
+                            [continuity_check(list(range(1, 101)), 100), final_checkpoint_check(90, None, 100)])
+    text = render(records, [summary])
+    assert "preempt" in text and "diverged" in text and "resubmit" in text and "154" in text
+    assert "ETTR 0.500" in text and "[ok] continuous step series" in text and "[FAIL] final checkpoint" in text
+    assert not passed([summary])
+
+
+# --- the job's run-time trigger --------------------------------------------------------------------------
+def _trigger(tmp_path, enabled=True, rank=0):
+    from launch.chaos_trigger import RuntimeTrigger
+
+    return RuntimeTrigger(tmp_path, rank, enabled)
+
+
+def _write(tmp_path, **spec):
+    from hpc_agent.chaos.inject import write_trigger
+
+    write_trigger(tmp_path, spec.pop("kind"), spec.pop("nonce"), **spec)
+
+
+def test_trigger_off_ignores_the_file(tmp_path):
+    _write(tmp_path, kind="nan", nonce="a")
+    trig = _trigger(tmp_path, enabled=False)
+    trig.before_step(1)
+    assert trig.loss(2.0) == 2.0 and not (tmp_path / "chaos" / "fired").exists()
+
+
+def test_trigger_nan_fires_once_even_across_attempts(tmp_path):
+    import math
+
+    _write(tmp_path, kind="nan", nonce="n1")
+    trig = _trigger(tmp_path)
+    trig.before_step(5)
+    assert math.isnan(trig.loss(2.0)) and trig.loss(2.0) == 2.0  # one micro-step only
+    trig.before_step(6)
+    assert trig.loss(2.0) == 2.0
+    resumed = _trigger(tmp_path)  # a new attempt finds the same file: already fired
+    resumed.before_step(3)
+    assert resumed.loss(2.0) == 2.0
+    assert json.loads((tmp_path / "chaos" / "fired" / "n1.rank0").read_text())["step"] == 5
+    _write(tmp_path, kind="nan", nonce="n2")  # a new nonce fires again
+    resumed.before_step(4)
+    assert math.isnan(resumed.loss(2.0))
+
+
+def test_trigger_gpu_oom_raises_a_cuda_style_error(tmp_path):
+    import torch
+
+    _write(tmp_path, kind="gpu_oom", nonce="g")
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+        _trigger(tmp_path).before_step(9)
+
+
+def test_trigger_ignores_unknown_kinds(tmp_path, capsys):
+    (tmp_path / "chaos").mkdir()
+    (tmp_path / "chaos" / "inject.json").write_text(json.dumps({"kind": "flood", "nonce": "x"}))
+    trig = _trigger(tmp_path)
+    trig.before_step(1)
+    assert "ignoring" in capsys.readouterr().out and trig.loss(1.0) == 1.0
+
+
+def test_trigger_host_oom_allocates_on_rank0_only(tmp_path, monkeypatch):
+    import launch.chaos_trigger as ct
+
+    monkeypatch.setattr(ct, "_HELD", [])
+    _write(tmp_path, kind="host_oom", nonce="h", mb=1)
+    _trigger(tmp_path, rank=1).before_step(2)
+    assert ct._HELD == []
+    _trigger(tmp_path, rank=0).before_step(2)
+    assert len(ct._HELD) == 1 and len(ct._HELD[0]) == 2**20
+
+
+def test_kill_during_save_stalls_before_the_marker(tmp_path):
+    """The save reaches the hook after every shard and before COMPLETE.json; a kill there leaves a
+    checkpoint that the resume skips."""
+    from launch.checkpoint import MARKER, scan, select, tag_for
+    from launch.checkpoint import save
+    from tests.test_checkpoint import FakeEngine
+
+    _write(tmp_path, kind="kill_during_save", nonce="k", stall_s=0)
+    trig = _trigger(tmp_path)
+    trig.before_step(7)
+    seen = {}
+
+    def hook(step, tag_dir):
+        seen["files"] = sorted(p.name for p in tag_dir.iterdir())
+        trig.before_marker(step, tag_dir)
+        raise SystemExit("killed")  # stands for Slurm's SIGKILL arriving during the stall
+
+    ckpts = tmp_path / "checkpoints"
+    with pytest.raises(SystemExit):
+        save(FakeEngine(0), ckpts, 7, {"step": 7}, {}, 0, lambda: None, lambda mine: [mine], before_marker=hook)
+    assert MARKER not in seen["files"] and "mp_rank_00_model_states.pt" in seen["files"]
+    note = json.loads((tmp_path / "chaos" / "in_save.json").read_text())
+    assert note["nonce"] == "k" and note["tag"] == tag_for(7) and note["pid"] == os.getpid()
+    assert select(scan(ckpts)).chosen is None and "no COMPLETE.json" in select(scan(ckpts)).skipped[0][1]
+    # armed once: the next save goes through untouched
+    save(FakeEngine(0), ckpts, 8, {"step": 8}, {}, 0, lambda: None, lambda mine: [mine],
+         before_marker=trig.before_marker)
+    assert select(scan(ckpts)).chosen.step == 8
+
+
+# --- the CLI ----------------------------------------------------------------------------------------------
+def test_cli_help_and_schedule_without_slurm():
+    help_ = run_cli("-m", "hpc_agent.chaos", "--help")
+    assert help_.returncode == 0 and "--schedule" in help_.stdout and "ETTR" in help_.stdout
+    shown = run_cli("-m", "hpc_agent.chaos", "--seed", "4", "--faults", "3", "--every", "20", "--print-schedule")
+    assert shown.returncode == 0 and len(json.loads(shown.stdout)["faults"]) == 3
+
+
+@pytest.mark.parametrize("content, message", [
+    ("faults: [{kind: meteor, at_s: 1}]", "bad schedule: fault 1: kind 'meteor'"),
+    ("faults: [", "bad schedule: not valid YAML"),
+])
+def test_cli_bad_schedule_is_a_clear_error(tmp_path, content, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(content)
+    proc = run_cli("-m", "hpc_agent.chaos", "--schedule", str(path), "--print-schedule")
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_missing_schedule_file(tmp_path):
+    proc = run_cli("-m", "hpc_agent.chaos", "--schedule", str(tmp_path / "nope.yaml"))
+    assert proc.returncode == 2 and "cannot read schedule" in proc.stderr
+
+
+def test_chaos_cli_imports_no_torch():
+    code = ("import sys; from hpc_agent.chaos.__main__ import main; import hpc_agent.chaos.driver; "
+            "main(['--print-schedule']); assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=120)
+    assert proc.returncode == 0, proc.stderr

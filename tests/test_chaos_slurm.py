@@ -1,0 +1,55 @@
+"""Issue 6: the CI chaos run. One training run under the watcher takes a preemption, a NaN loss, a
+SIGKILL in the middle of a checkpoint save, a SIGKILLed watcher, an injected GPU OOM, a slurmctld
+restart and a host OOM (configs/chaos_ci_schedule.yaml), and must lose nothing."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.slurm_helpers import cleanup_jobs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+CI_BUDGET_S = 480  # the issue's bound for the CI chaos run on this machine
+
+# (detected cause, decision) the watcher must reach for each fault kind
+EXPECTED = {"preempt": ("preempted", "expedite"), "nan": ("diverged", "resubmit"),
+            "kill_during_save": ("preempted", "expedite"), "gpu_oom": ("gpu_oom", "resubmit"),
+            "host_oom": ("host_oom", "resubmit"), "watcher_kill": ("none needed", "none"),
+            "slurmctld_restart": ("none needed", "none")}
+
+
+def test_ci_chaos_run_recovers_every_fault_and_loses_nothing(tmp_path):
+    root, report = tmp_path / "runs", tmp_path / "report.json"
+    started = time.monotonic()
+    try:
+        proc = run_cli("-m", "hpc_agent.chaos", "configs/chaos.yaml", "train.max_steps=10000", "--schedule", "configs/chaos_ci_schedule.yaml",
+                       "--duration", str(CI_BUDGET_S - 30), "--runs-root", str(root), "--report-json", str(report),
+                       timeout=CI_BUDGET_S + 60)
+    finally:
+        cleanup_jobs(root)
+    elapsed = time.monotonic() - started
+    print(proc.stdout[-6000:])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert elapsed < CI_BUDGET_S
+    data = json.loads(report.read_text())
+    assert data["passed"]
+    faults = data["faults"]
+    assert sorted(f["kind"] for f in faults) == sorted(EXPECTED)
+    for f in faults:
+        assert f["recovered"], f
+        assert (f["detected_cause"], f["decision"]) == EXPECTED[f["kind"]], f
+        assert f["recovery_s"] is not None and f["recovery_s"] < 150, f
+    (preempt,) = [f for f in faults if f["kind"] == "preempt"]
+    assert preempt["steps_lost"] == 0 and preempt["resumed_from"] == preempt["last_step_before"]
+    assert data["p3"]["steps_lost"] == [0]
+    # the save killed before COMPLETE.json is skipped: the resume goes back to the checkpoint before it
+    (torn,) = [f for f in faults if f["kind"] == "kill_during_save"]
+    assert torn["steps_lost"] > 0 and torn["resumed_from"] < torn["last_step_before"]
+    (target,) = data["targets"]
+    assert target["completed"]
+    checks = {c["name"]: c for c in target["checks"]}
+    assert checks["continuous step series"]["ok"] and checks["final checkpoint complete"]["ok"]
+    assert "chaos report" in proc.stdout and "ETTR" in proc.stdout
