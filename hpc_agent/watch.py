@@ -11,7 +11,6 @@ every watcher stops acting within one tick until ``--resume`` removes it.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import signal
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hpc_agent.config.load import RUNS_ENV
+from hpc_agent.fsutil import hold_lock
 from hpc_agent.ledger import Ledger
 from hpc_agent.policy import PolicyLimits
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
@@ -95,17 +95,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return EXIT_OK
         runs_root.mkdir(parents=True, exist_ok=True)
 
-    lock = open(runs_root / "watch.lock", "a+")
-    try:
-        # One watcher per runs root: two would both act on the same ended attempt.
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    # One watcher per runs root: two would both act on the same ended attempt.
+    lock = hold_lock(runs_root / "watch.lock")
+    if lock is None:
         print(f"another watcher holds {runs_root / 'watch.lock'}; exiting", file=sys.stderr)
         return EXIT_LOCKED
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
 
     from hpc_agent.watcher import Watcher
 

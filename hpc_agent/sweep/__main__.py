@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fcntl
 import signal
 import sys
 from pathlib import Path
@@ -120,15 +119,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("sbatch is not on PATH: sweeps run their trials on Slurm.", file=sys.stderr)
         return EXIT_SLURM
 
-    from hpc_agent.fsutil import atomic_write_json
+    from hpc_agent.fsutil import atomic_write_json, hold_lock
     from hpc_agent.ledger import Ledger
     from hpc_agent.sweep.driver import SweepDriver
 
     (sweep_dir / "slurm").mkdir(parents=True, exist_ok=True)
-    lock = open(sweep_dir / "driver.lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    lock = hold_lock(sweep_dir / "driver.lock")  # one driver per sweep: two would ask twice as many trials
+    if lock is None:
         print(f"another sweep driver runs on {sweep_dir} (driver.lock is held)", file=sys.stderr)
         return EXIT_LOCKED
     url = storage_url(spec, sweep_dir)
