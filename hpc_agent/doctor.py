@@ -211,27 +211,32 @@ def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
     return checks or [Check(WARN, "gpu health", str(error or "no readings"))], report, _gpu_mem_bytes(readings)
 
 
-def check_memory(cfg: Any, gpu_bytes: Optional[int]) -> List[Check]:
-    from hpc_agent import memory
+def target_gres(cfg: Any, parts: Optional[Sequence[Partition]]) -> str:
+    """The gres of the partition the config asks for (the default one when it names none)."""
+    for p in parts or []:
+        if (cfg.slurm.partition and p.name == cfg.slurm.partition) or (not cfg.slurm.partition and p.default):
+            return p.gres
+    return ""
+
+
+def check_memory(cfg: Any, gpu_bytes: Optional[int], gres: str = "") -> List[Check]:
+    """submit's pre-flight verdict (:mod:`hpc_agent.preflight`), against this machine's GPU when there is
+    one, else the config's ``slurm.gpu_memory_gib`` or the partition's GPU type."""
+    from hpc_agent import preflight
+    from hpc_agent.memory import estimate_from_config, format_bytes
 
     try:
-        est = memory.estimate_from_config(cfg)
-    except Exception as exc:  # noqa: BLE001
-        return [Check(WARN, "memory", f"could not estimate: {exc}")]
-    total = est.total_bytes
-    gib = total / 2**30
-    if not gpu_bytes:
-        return [Check(OK, "memory", f"estimate {gib:.2f} GiB per GPU (GPU memory unknown here, not compared)")]
-    if total <= gpu_bytes:
-        return [Check(OK, "memory", f"estimate {gib:.2f} GiB per GPU fits in {gpu_bytes / 2**30:.1f} GiB")]
-    fit = None
-    try:
-        fit = memory.cheapest_fit(cfg, gpu_bytes)
-    except Exception:  # noqa: BLE001
-        pass
-    hint = (f"; cheapest fit: {fit[1]} ({' '.join(f'{k}={v}' for k, v in fit[0].items())})" if fit
-            else "; no config change found that fits")
-    return [Check(FAIL, "memory", f"estimate {gib:.2f} GiB per GPU does not fit in {gpu_bytes / 2**30:.1f} GiB{hint}")]
+        need = estimate_from_config(cfg).total_bytes
+    except ValueError as exc:  # a workload the estimator does not cover
+        return [Check(OK, "memory", f"no estimate: {exc}")]
+    capacity, source = (gpu_bytes, "this machine's GPU") if gpu_bytes else preflight.gpu_capacity(cfg, gres)
+    if not capacity:
+        return [Check(OK, "memory", f"estimate {format_bytes(need)} per GPU (GPU memory unknown here, not "
+                                    "compared; set slurm.gpu_memory_gib to compare)")]
+    verdict = preflight.memory_verdict(cfg, capacity, source)
+    level = {preflight.WARN: WARN, preflight.REFUSE: FAIL}.get(verdict.level, OK)
+    fix = f"; add: {' '.join(verdict.fix_overrides())}" if verdict.fix else ""
+    return [Check(level, "memory", verdict.message + fix)]
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -301,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if report:
         extra["gpu report"] = report
     if cfg is not None:
-        checks += check_memory(cfg, gpu_bytes)
+        checks += check_memory(cfg, gpu_bytes, target_gres(cfg, parts))
     code, summary = summarize(checks)
 
     if args.json:

@@ -115,25 +115,39 @@ def test_doctor_config_problems_and_json():
     assert report["exit_code"] == 1
 
 
-def test_with_fake_health_and_memory_modules(monkeypatch):
-    """The interfaces hpc_agent.health / hpc_agent.memory promise, faked: no GPU, and a config that does not fit."""
-    import sys
+def test_without_a_driver_health_says_so(monkeypatch):
+    from hpc_agent import health
 
-    health = SimpleNamespace(
-        read_gpus=lambda: ([], "nvidia-smi not found: no NVIDIA driver"),
-        judge_all=lambda readings, error: SimpleNamespace(level="NO_GPU", reasons=[error]),
-        format_report=lambda readings, verdicts: "")
-    memory = SimpleNamespace(
-        estimate_from_config=lambda cfg: SimpleNamespace(total_bytes=40 * 2**30, assumptions=["fp16"]),
-        cheapest_fit=lambda cfg, cap: ({"train.micro_batch_size": 2}, "halve the micro-batch"))
-    monkeypatch.setitem(sys.modules, "hpc_agent.health", health)
-    monkeypatch.setitem(sys.modules, "hpc_agent.memory", memory)
-    monkeypatch.setattr("hpc_agent.health", health, raising=False)
-    monkeypatch.setattr("hpc_agent.memory", memory, raising=False)
+    monkeypatch.setattr(health, "read_gpus", lambda: ([], "NVIDIA driver not found: no libnvidia-ml"))
     checks, report, gpu_bytes = d.check_gpu_health()
-    assert [c.level for c in checks] == [d.WARN] and "no NVIDIA driver" in checks[0].detail and gpu_bytes is None
-    assert d.check_memory(None, None)[0].level == d.OK
-    fits = d.check_memory(None, 80 * 2**30)[0]
-    assert fits.level == d.OK and "fits" in fits.detail
-    tight = d.check_memory(None, 16 * 2**30)[0]
-    assert tight.level == d.FAIL and "train.micro_batch_size=2" in tight.detail and "halve" in tight.detail
+    assert [c.level for c in checks] == [d.WARN] and "no GPU on this machine" in checks[0].detail
+    assert gpu_bytes is None and report == []
+
+
+BIG = {"model.n_layers": 24, "model.d_model": 1024, "model.seq_len": 1024, "model.n_heads": 16,
+       "train.micro_batch_size": 16, "train.precision": "bf16", "train.zero_stage": 1, "slurm.gpus_per_node": 1}
+
+
+@pytest.mark.parametrize("overrides, gpu_gib, gres, level, text", [
+    ({}, None, "", d.OK, "GPU memory unknown here"),
+    ({}, 80, "", d.OK, "fits in 80.0 GiB per GPU (from this machine's GPU)"),
+    ({}, None, "gpu:h100:8", d.OK, "from the partition's GPU type"),
+    ({"slurm.gpu_memory_gib": 8}, None, "", d.FAIL, "add: train.micro_batch_size=1"),
+    ({}, 50, "", d.WARN, "within 10%"),
+    ({"train.workload": "classifier"}, 8, "", d.OK, "no estimate"),
+])
+def test_memory_check_is_submits_verdict(overrides, gpu_gib, gres, level, text):
+    from hpc_agent.config.load import build_config
+
+    cfg = build_config([{**BIG, **overrides}])
+    (check,) = d.check_memory(cfg, gpu_gib * 2**30 if gpu_gib else None, gres)
+    assert check.level == level and text in check.detail, check.detail
+
+
+def test_target_gres_follows_the_partition():
+    from hpc_agent.config.load import build_config
+
+    parts = d.parse_sinfo(SINFO)
+    default = next(p for p in parts if p.default)
+    assert d.target_gres(build_config([{}]), parts) == default.gres
+    assert d.target_gres(build_config([{"slurm.partition": "nosuch"}]), parts) == ""
