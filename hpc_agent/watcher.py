@@ -30,6 +30,7 @@ from hpc_agent.lifecycle import (EFFECT_NOTIFY, EFFECT_RECORD, EFFECT_REQUEUE, E
 from hpc_agent.policy import DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation, apply_patch, decide
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
+from hpc_agent.slurm.queries import jobs_named, queue_state
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, group_attempts, parse_sacct
 from hpc_agent.submission import crash_point, submit_attempt, write_config
 
@@ -101,7 +102,7 @@ class Watcher:
             sub = self.ledger.latest_submission(run.run_id)
             if sub is None or sub.job_id is not None or sub.error or self.clock() - sub.intent_at < min_age_s:
                 continue
-            found = self._jobs_named(run.run_id, since=sub.intent_at)
+            found = jobs_named(self.slurm, job_name_for(run.run_id), since=sub.intent_at)
             known = {s.job_id for s in self.ledger.submissions(run.run_id) if s.job_id}
             new = [j for j in found if j not in known]
             if found is None:
@@ -119,19 +120,6 @@ class Watcher:
                 cfg = load_snapshot(sub.config_path)
                 self.submit(self.ledger, run.run_id, Path(run.run_dir), cfg, Path(sub.config_path),
                             sub.executor, reason=sub.reason)
-
-    def _jobs_named(self, run_id: str, since: float) -> Optional[List[str]]:
-        """Job ids Slurm knows under this run's job name, submitted after ``since`` (squeue, then sacct)."""
-        name = job_name_for(run_id)
-        start = _dt.datetime.fromtimestamp(since - 60).strftime("%Y-%m-%dT%H:%M:%S")
-        try:
-            queued = self.slurm.run(["squeue", "--noheader", "--name", name, "--format", "%i"]).stdout.split()
-            text = self.slurm.run(["sacct", "--parsable2", "--allocations", "--name", name, "--starttime", start,
-                                   "--format", "JobID,JobName,State"]).stdout
-        except SlurmError:
-            return None
-        accounted = [row.job_id for row in parse_sacct(text)]
-        return sorted(set(queued) | set(accounted), key=lambda j: int(j.split("_")[0]) if j.split("_")[0].isdigit() else 0)
 
     # --- the tick ---------------------------------------------------------------------------------------
     def tick(self) -> TickReport:
@@ -200,7 +188,7 @@ class Watcher:
                     self._step(run, phase, Event(EventKind.STARTED, job_id))
                 return
             if state == "REQUEUED" and not self.ledger.expedited(job_id, index + 1) and \
-                    self._still_in_queue(job_id) == "PENDING":
+                    queue_state(self.slurm, job_id) == "PENDING":
                 # sacct records the requeued attempt seconds after slurmctld requeued it (~4 s measured by
                 # scripts/bench_recovery.py); squeue already shows it pending, so expedite it that much sooner.
                 attempts = [*attempts, Attempt(job_id, index + 1, (replace(latest.primary, state="PENDING"),))]
@@ -303,16 +291,6 @@ class Watcher:
                           "evidence": list(previous.evidence), "decision": decision.to_dict(),
                           "config_diff": {"slurm.exclude": {"from": cfg.slurm.exclude, "to": exclude}}})
 
-    def _still_in_queue(self, job_id: str) -> Optional[str]:
-        """slurmctld's word on whether the job is queued or running again: its state, "" if gone, None if unknown."""
-        try:
-            out = self.slurm.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%T"], check=False)
-        except SlurmError:
-            return None
-        if out.returncode != 0 and "Invalid job id" not in out.stderr:
-            return None
-        return out.stdout.strip()
-
     def _expedite(self, run: Run, job_id: str, report: TickReport) -> None:
         try:
             self.slurm.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
@@ -347,7 +325,7 @@ class Watcher:
         if decision.action not in _ACTIONS:
             return  # wait
         if decision.action in (REQUEUE, RESUBMIT):
-            queued = self._still_in_queue(job_id)
+            queued = queue_state(self.slurm, job_id)
             if queued is None or queued:
                 # Slurm requeues preempted and node-failed jobs by itself, and sacct can show the ended attempt
                 # a moment before the requeued one. Acting now would start a second job for the same run; the
