@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from hpc_agent.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.chaos import inject  # noqa: E402
 from hpc_agent.chaos.driver import ChaosDriver, Target, submit_run  # noqa: E402
 from hpc_agent.chaos.report import p3, render  # noqa: E402
@@ -95,8 +96,7 @@ def main() -> int:
             "faults": [r.to_dict() for r in driver.records],
             "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        atomic_write_json(Path(args.out), out)
     print(json.dumps(out["summary"], indent=2))
     return 0
 

@@ -21,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from hpc_agent.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.config.load import load_config  # noqa: E402
 from hpc_agent.memory import estimate_from_config  # noqa: E402
 from hpc_agent.metrics.tb_reader import RunScalars  # noqa: E402
@@ -79,8 +80,7 @@ def main() -> int:
         if code != 0:
             row["log_tail"] = text[-2000:]
         result["runs"].append(row)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_json(Path(args.out), result)
     print(f"wrote {args.out}")
     return 0
 

@@ -17,7 +17,6 @@ ends up fitting the few minority samples), while the balanced methods win early 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -140,8 +139,9 @@ def main(argv=None) -> int:
     result["settings"].update(num_classes=5, num_features=32, model="MLP 2x64", optimizer="AdamW wd=0.01")
     result["total_seconds"] = time.perf_counter() - started
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    from hpc_agent.fsutil import atomic_write_json
+
+    atomic_write_json(out, result)
     print()
     print(markdown(result))
     print(f"\nwrote {out} ({result['total_seconds']:.0f} s total)")

@@ -72,8 +72,9 @@ def main() -> int:
            "commands": {k: " ".join(v[1:]) for k, v in commands.items()}, "summary": summary,
            "samples_s": {k: [round(x, 4) for x in v] for k, v in samples.items()},
            "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    from hpc_agent.fsutil import atomic_write_json
+
+    atomic_write_json(Path(args.out), out)
     print(json.dumps(summary, indent=2))
     return 0
 

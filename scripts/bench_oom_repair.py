@@ -241,8 +241,9 @@ def main() -> int:
         out["cluster"] = {ladder: rate([o for o in outcomes if o["ladder"] == ladder]) for ladder in ladders}
         out["cases"] = outcomes
         print(json.dumps(out["cluster"], indent=2))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    from hpc_agent.fsutil import atomic_write_json
+
+    atomic_write_json(Path(args.out), out)
     return 0
 
 

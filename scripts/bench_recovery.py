@@ -260,8 +260,9 @@ def main() -> int:
            "median_time_to_milestone_s": {m: segment_medians(results, m) for m in modes},
            "median_segments": {m: median_segments(results, m) for m in modes},
            "milestones": dict(MILESTONES), "trials": results, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    from hpc_agent.fsutil import atomic_write_json
+
+    atomic_write_json(Path(args.out), out)
     print(json.dumps({"summary": summary, "median_time_to_milestone_s": out["median_time_to_milestone_s"]}, indent=2))
     return 0
 

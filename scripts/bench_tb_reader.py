@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # noqa: E402
 
+from hpc_agent.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.metrics.tb_reader import RunScalars  # noqa: E402
 
 TAG = "train/loss"
@@ -114,8 +115,7 @@ def main(argv=None) -> int:
         "machine": platform.machine(),
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_json(out, result)
     print(json.dumps(result, indent=2))
     print(f"incremental update: {incremental_s * 1e3:.1f} ms for {args.append} new events; full EventAccumulator "
           f"reload: {full_reload_s:.2f} s for {full_points} events; ratio {ratio:.0f}x")

@@ -34,6 +34,7 @@ from typing import Dict, Iterable, List, Sequence
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from hpc_agent.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.slurm.cli import SlurmCLI  # noqa: E402
 from hpc_agent.slurm.sacct import SACCT_FIELDS  # noqa: E402
 
@@ -188,8 +189,7 @@ def main() -> int:
            "met": {"one_batched_query": largest["slurm_calls_total_per_tick"] == 1,
                    "cpu_at_largest": largest["watcher_cpu_ms_median"] <= TARGET_CPU_MS},
            "summary": summary, "sizes": results, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    atomic_write_json(Path(args.out), out)
     print(json.dumps({"summary": summary, "met": out["met"]}, indent=2))
     return 0
 

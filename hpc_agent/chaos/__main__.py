@@ -10,11 +10,12 @@ the TensorBoard step series continuous.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
+
+from hpc_agent.fsutil import atomic_write_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -94,8 +95,7 @@ def run(config: str, overrides: Sequence[str], schedule, duration: float, runs_r
                "targets": [{"name": s.name, "completed": s.completed, "ettr": s.ettr, "productive_s": s.productive_s,
                             "wall_s": s.wall_s, "checks": [c.__dict__ for c in s.checks]} for s in summaries],
                "run_dir": str(run_dir), "passed": passed(summaries)}
-        Path(report_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(report_json).write_text(json.dumps(out, indent=2) + "\n")
+        atomic_write_json(Path(report_json), out)
     return EXIT_OK if passed(summaries) else EXIT_FAILED
 
 
