@@ -185,6 +185,11 @@ def _gpu_mem_bytes(readings: Any) -> Optional[int]:
     return min(sizes) if sizes else None
 
 
+def _gpu_label(reading: Any) -> str:
+    total = f", {reading.memory_total_mb / 1024:.0f} GiB" if reading.memory_total_mb else ""
+    return f"GPU {reading.index} {reading.name}{total}"
+
+
 def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
     from hpc_agent import health
 
@@ -201,6 +206,8 @@ def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
         if level == "NO_GPU":
             checks.append(Check(WARN, "gpu health", f"no GPU on this machine (no NVIDIA driver / nvidia-smi): {reasons}"))
         else:
+            if level == "OK" and not getattr(v, "reasons", None):
+                reasons = "OK: " + ", ".join(_gpu_label(r) for r in readings)  # say which GPUs were checked
             checks.append(Check({"OK": OK, "WARN": WARN}.get(level, FAIL), "gpu health", reasons))
     report: List[str] = []
     if readings:
@@ -311,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.json:
         print(json.dumps({"checks": [asdict(c) for c in checks], "partitions": [asdict(p) for p in parts or []],
+                          "gpu_report": extra.get("gpu report", []),
                           "summary": summary, "exit_code": code}, indent=2))
         return code
     for check in checks:

@@ -82,7 +82,7 @@ def gpu_capacity(cfg: Any, gres: str) -> Tuple[Optional[int], str]:
 
 def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "") -> MemoryVerdict:
     """Compare the estimate with one GPU's memory; see the module docstring."""
-    from hpc_agent.memory import cheapest_fit, estimate_from_config
+    from hpc_agent.memory import cheapest_fit, estimate_from_config, format_bytes
 
     if not cfg.slurm.gpus_per_node:
         return MemoryVerdict(SKIP, "CPU job (slurm.gpus_per_node=0): no GPU memory to check")
@@ -90,21 +90,21 @@ def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "") -> Memor
         return MemoryVerdict(SKIP, f"no memory estimate for the {cfg.train.workload} workload")
     need = estimate_from_config(cfg).total_bytes
     if not capacity:
-        return MemoryVerdict(SKIP, f"memory estimate {need / GIB:.2f} GiB per GPU; the GPU's memory is unknown "
+        return MemoryVerdict(SKIP, f"memory estimate {format_bytes(need)} per GPU; the GPU's memory is unknown "
                                    "(set slurm.gpu_memory_gib to compare)")
     where = f"{capacity / GIB:.1f} GiB per GPU (from {source})" if source else f"{capacity / GIB:.1f} GiB per GPU"
     if need <= capacity * HEADROOM:
-        return MemoryVerdict(OK, f"memory estimate {need / GIB:.2f} GiB fits in {where}")
+        return MemoryVerdict(OK, f"memory estimate {format_bytes(need)} fits in {where}")
     if need <= capacity:
-        return MemoryVerdict(WARN, f"memory estimate {need / GIB:.2f} GiB is within {1 - HEADROOM:.0%} of {where}: "
+        return MemoryVerdict(WARN, f"memory estimate {format_bytes(need)} is within {1 - HEADROOM:.0%} of {where}: "
                                    "the CUDA context and fragmentation may not fit")
     fit = cheapest_fit(cfg, int(capacity * HEADROOM))
     if fit is None:
-        return MemoryVerdict(REFUSE, f"memory estimate {need / GIB:.2f} GiB does not fit in {where}, and no single "
+        return MemoryVerdict(REFUSE, f"memory estimate {format_bytes(need)} does not fit in {where}, and no single "
                                      "change (micro-batch, activation checkpointing, ZeRO stage, offload) makes it "
                                      "fit: shrink the model or use more or larger GPUs")
     patch, what = fit
-    return MemoryVerdict(REFUSE, f"memory estimate {need / GIB:.2f} GiB does not fit in {where}; cheapest change "
+    return MemoryVerdict(REFUSE, f"memory estimate {format_bytes(need)} does not fit in {where}; cheapest change "
                                  f"that fits: {what}", dict(patch))
 
 

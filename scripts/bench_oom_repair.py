@@ -52,7 +52,10 @@ def _shape_overrides(rng: random.Random) -> Dict[str, object]:
     layers, width, seq = rng.choice(SHAPES)
     return {"model.n_layers": layers, "model.d_model": width, "model.n_heads": 4, "model.seq_len": seq,
             "train.micro_batch_size": rng.choice(MBS), "train.grad_accum_steps": rng.choice((1, 2)),
-            "train.zero_stage": rng.choice((0, 1, 2))}
+            "train.zero_stage": rng.choice((0, 1, 2)),
+            # A small reduction bucket: DeepSpeed's 1 GB default would dwarf these tiny models and push the
+            # simulated GPUs past 1 GiB, where the OOM message rounds the capacity to 10 MiB.
+            "train.reduce_bucket_size": 100_000}
 
 
 def halving_case(rng: random.Random, index: int) -> Dict[str, object]:

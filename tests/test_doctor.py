@@ -124,7 +124,7 @@ def test_without_a_driver_health_says_so(monkeypatch):
     assert gpu_bytes is None and report == []
 
 
-BIG = {"model.n_layers": 24, "model.d_model": 1024, "model.seq_len": 1024, "model.n_heads": 16,
+BIG = {"model.n_layers": 24, "model.d_model": 1024, "model.seq_len": 4096, "model.n_heads": 16,
        "train.micro_batch_size": 16, "train.precision": "bf16", "train.zero_stage": 1, "slurm.gpus_per_node": 1}
 
 
@@ -133,7 +133,7 @@ BIG = {"model.n_layers": 24, "model.d_model": 1024, "model.seq_len": 1024, "mode
     ({}, 80, "", d.OK, "fits in 80.0 GiB per GPU (from this machine's GPU)"),
     ({}, None, "gpu:h100:8", d.OK, "from the partition's GPU type"),
     ({"slurm.gpu_memory_gib": 8}, None, "", d.FAIL, "add: train.micro_batch_size=1"),
-    ({}, 50, "", d.WARN, "within 10%"),
+    ({}, 60, "", d.WARN, "within 10%"),
     ({"train.workload": "classifier"}, 8, "", d.OK, "no estimate"),
 ])
 def test_memory_check_is_submits_verdict(overrides, gpu_gib, gres, level, text):

@@ -51,14 +51,23 @@ def test_batch_sizes(mbs, accum, world):
 
 @pytest.mark.parametrize("stage,offload,on_cuda,zero", [
     (0, "none", False, {"stage": 0}),
-    (2, "optimizer", False, {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False}}),
-    (3, "optimizer+params", True, {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+    (2, "optimizer", False, {"stage": 2, "reduce_bucket_size": 500_000_000,
+                             "offload_optimizer": {"device": "cpu", "pin_memory": False}}),
+    (3, "optimizer+params", True, {"stage": 3, "reduce_bucket_size": 500_000_000,
+                                   "offload_optimizer": {"device": "cpu", "pin_memory": True},
                                    "offload_param": {"device": "cpu", "pin_memory": True}}),
 ])
 def test_zero_and_offload(stage, offload, on_cuda, zero):
     cfg = build_ds_config(TrainConfig(zero_stage=stage, offload=offload), world_size=1, precision="bf16",
                           on_cuda=on_cuda)
     assert cfg["zero_optimization"] == zero
+
+
+def test_reduce_bucket_size_is_passed_on():
+    """The memory estimate counts this bucket: DeepSpeed must get the same number."""
+    cfg = build_ds_config(TrainConfig(zero_stage=1, reduce_bucket_size=12345), world_size=1, precision="bf16",
+                          on_cuda=False)
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == 12345
 
 
 @pytest.mark.parametrize("offload,on_cuda,torch_adam", [("none", True, True), ("none", False, True),

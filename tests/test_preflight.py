@@ -10,7 +10,7 @@ from hpc_agent.preflight import (OK, REFUSE, SKIP, WARN, gpu_capacity, gpu_gib_f
 from tests.conftest import run_cli
 
 GIB = 2**30
-BIG = {"model.n_layers": 24, "model.d_model": 1024, "model.seq_len": 1024, "model.n_heads": 16,
+BIG = {"model.n_layers": 24, "model.d_model": 1024, "model.seq_len": 4096, "model.n_heads": 16,
        "train.micro_batch_size": 16, "train.precision": "bf16", "train.zero_stage": 1, "slurm.gpus_per_node": 1}
 BIG_ARGS = [f"{k}={v}" for k, v in BIG.items()]
 
@@ -90,7 +90,7 @@ def test_submit_force_warns_and_goes_on():
     proc = run_cli("-m", "hpc_agent.submit", "quickstart", *BIG_ARGS, "slurm.gpu_memory_gib=8", "--force",
                    "--dry-run", "--executor", "slurm")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "warning (--force): memory estimate 48.44 GiB does not fit" in proc.stderr
+    assert "warning (--force): memory estimate 56.06 GiB does not fit" in proc.stderr
     assert "# Job script (sbatch)" in proc.stdout
 
 
@@ -99,7 +99,7 @@ def test_submit_suggested_fix_is_accepted():
     proc = run_cli("-m", "hpc_agent.submit", "quickstart", *BIG_ARGS, "slurm.gpu_memory_gib=8", *fix, "--dry-run",
                    "--executor", "slurm")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "memory: memory estimate 5.82 GiB fits in 8.0 GiB" in proc.stdout
+    assert "memory: memory estimate 6.65 GiB fits in 8.0 GiB" in proc.stdout
 
 
 def test_cpu_job_is_not_checked():

@@ -172,16 +172,17 @@ def test_slurmctld_outage_causes_no_requeue(root):
 
 
 def test_gpu_oom_ladder_skips_rungs_that_cannot_fit(root):
-    # A simulated 10 MiB GPU. The estimate for this model is 22.6 MiB at micro-batch 8, 12.4 at 4 and
-    # 7.3 at 2: the watcher reads the capacity from the OOM message and goes straight to 2 (x4 accumulation).
+    # A simulated 6 MiB GPU. With a 1e5-element reduction bucket (a real GPU's 1 GB default would dwarf
+    # this tiny model) the estimate is 12.5 MiB at micro-batch 8, 7.25 at 4 and 4.62 at 2: the watcher
+    # reads the capacity from the OOM message and goes straight to 2 (x4 accumulation).
     run_dir, job = submit(root, *LONG_RUN, "run.name=ladder", "model.d_model=64", "model.seq_len=128",
                           "train.micro_batch_size=8", "train.max_steps=20", "train.ckpt_every=10",
-                          f"faults.gpu_memory_gib={10 / 1024}")
+                          "train.reduce_bucket_size=100000", f"faults.gpu_memory_gib={6 / 1024}")
     watcher = WatcherProcess(root)
     try:
         wait_for(lambda: phase(root, run_dir.name) == "completed", 300, what="the run to complete after the OOM")
         first, second = ledger_job_ids(root, run_dir.name)  # one retry was enough
-        assert "total capacity of 10.00 MiB" in log_text(run_dir, first)
+        assert "total capacity of 6.00 MiB" in log_text(run_dir, first)
         cfg = load_snapshot(run_dir / "config.yaml")
         assert (cfg.train.micro_batch_size, cfg.train.grad_accum_steps) == (2, 4)
         (decision,) = [e for e in events(run_dir) if e.get("cause") == "gpu_oom" and "decision" in e]

@@ -169,6 +169,11 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass: less memory for ~1/3 more compute."""
 
+    reduce_bucket_size: int = 500_000_000
+    """DeepSpeed's gradient-reduction bucket in elements (ZeRO 1-3). Each GPU holds one buffer of this size
+    in the 16-bit type (fp32 for fp32 training) whatever the model's size: 1 GB at DeepSpeed's default
+    5e8. Smaller saves that memory on small models; larger means fewer, bigger collectives."""
+
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; 0 turns clipping off."""
 
@@ -212,7 +217,7 @@ class TrainConfig:
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
-        check_positive("train", self, ["max_steps", "micro_batch_size", "grad_accum_steps", "lr", "ckpt_every", "keep_checkpoints", "log_every"], problems)
+        check_positive("train", self, ["max_steps", "micro_batch_size", "grad_accum_steps", "lr", "ckpt_every", "keep_checkpoints", "log_every", "reduce_bucket_size"], problems)
         check_choice("train.workload", self.workload, WORKLOADS, problems)
         check_choice("train.precision", self.precision, PRECISIONS, problems)
         check_choice("train.offload", self.offload, OFFLOADS, problems)

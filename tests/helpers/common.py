@@ -41,7 +41,9 @@ def snapshot(path: Path, **sections: Dict) -> Path:
 
 def env_for(rank: int = 0, world: int = 1, port: Optional[int] = None) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
+    # The repo first, then whatever PYTHONPATH already holds (a GPU machine may carry packages there).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(key, None)
     if world > 1:
