@@ -3,14 +3,22 @@
 Sources, first match wins:
 
 1. submitit's job environment (the normal path: ``TrainingJob`` under ``SlurmExecutor`` or
-   ``LocalExecutor``): ``submitit.helpers.TorchDistributedEnvironment`` gives rank, world, local rank,
-   the first host of the job as master and a port derived from the job id (same port after a
-   requeue, different jobs on one node do not collide).
+   ``LocalExecutor``): ``submitit.helpers.TorchDistributedEnvironment`` gives rank, world, local rank
+   and the first host of the job as master; the port is ours (``job_port``), see below.
 2. torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): tests and
    hand-launched multi-process runs.
 3. Plain Slurm variables (``srun python -m launch.train`` without submitit).
 4. Nothing: a single process; a 1-rank group on 127.0.0.1 with a free port, so the same DeepSpeed
    code path (ZeRO, checkpoints) runs everywhere.
+
+The rendezvous port (rank 0's TCPStore listens on it). submitit would hash the job id into 20000-60000,
+which mostly lies in Linux's ephemeral range (32768-60999 by default): the kernel hands those ports out as
+the local end of every outgoing connection (srun I/O, slurmd and slurmctld RPCs, other jobs' gloo pairs),
+and a closed one stays taken for a minute in TIME_WAIT. Measured on the localhost cluster: a sweep trial
+(array task 518_1) died at init with EADDRINUSE on its hashed port 46758. So a one-rank job takes a port
+the kernel says is free now, and a multi-rank job (whose ranks must agree without talking) hashes its job
+id into 20000-32767, below the ephemeral range, where only another job's listener can be, never an
+outgoing connection. ``MASTER_PORT`` in the environment still wins.
 
 Backend: NCCL on CUDA, gloo on the CPU. We pass it explicitly: DeepSpeed's CPU accelerator would
 pick oneCCL when ``oneccl_bindings_for_pytorch`` happens to be installed.
@@ -20,6 +28,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import socket
+import zlib
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional
 
@@ -38,10 +47,25 @@ class DistEnv:
                 f"{self.master_addr}:{self.master_port} from {self.source}")
 
 
+# Fixed, not read from this node's ip_local_port_range: every node of a job must compute the same port.
+JOB_PORTS = (20000, 32767)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def job_port(job_id: str, world_size: int, environ: Mapping[str, str] = os.environ) -> int:
+    """The rendezvous port (module docstring): ``MASTER_PORT`` if set; a free one for a single rank; else
+    the job id hashed below the ephemeral range (the same on every rank and after a requeue)."""
+    if environ.get("MASTER_PORT"):
+        return int(environ["MASTER_PORT"])
+    if world_size == 1:
+        return free_port()
+    low, high = JOB_PORTS
+    return low + zlib.crc32(str(job_id).encode()) % (high - low + 1)
 
 
 def _from_submitit() -> Optional[DistEnv]:
@@ -49,11 +73,12 @@ def _from_submitit() -> Optional[DistEnv]:
         import submitit
         from submitit.helpers import TorchDistributedEnvironment
 
-        submitit.JobEnvironment()  # raises RuntimeError outside a submitit job
+        job = submitit.JobEnvironment()  # raises RuntimeError outside a submitit job
         env = TorchDistributedEnvironment()
     except (ImportError, RuntimeError):
         return None
-    return DistEnv(env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port, "submitit")
+    return DistEnv(env.rank, env.world_size, env.local_rank, env.master_addr,
+                   job_port(job.job_id, env.world_size), "submitit")
 
 
 def _slurm_master(environ: Mapping[str, str]) -> str:
@@ -75,10 +100,10 @@ def detect(environ: Mapping[str, str] = os.environ, use_submitit: bool = True) -
         return DistEnv(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", 0)),
                        environ["MASTER_ADDR"], int(environ.get("MASTER_PORT", 29500)), "torchrun variables")
     if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
-        job = int(environ.get("SLURM_JOB_ID", "0") or 0)
-        return DistEnv(int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"]),
-                       int(environ.get("SLURM_LOCALID", 0)), _slurm_master(environ),
-                       int(environ.get("MASTER_PORT", 20000 + job % 40000)), "Slurm variables")
+        ntasks = int(environ["SLURM_NTASKS"])
+        return DistEnv(int(environ["SLURM_PROCID"]), ntasks, int(environ.get("SLURM_LOCALID", 0)),
+                       _slurm_master(environ), job_port(environ.get("SLURM_JOB_ID", "0"), ntasks, environ),
+                       "Slurm variables")
     return DistEnv(0, 1, 0, "127.0.0.1", int(environ.get("MASTER_PORT", 0)) or free_port(), "single process")
 
 
