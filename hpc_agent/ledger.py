@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 import json
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -117,6 +118,18 @@ class Ledger:
 
     def close(self) -> None:
         self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator["Ledger"]:
+        """The statements inside commit together or not at all: a process killed in between (SIGKILL, power
+        cut) leaves none of them, so a reader never sees, say, a submission row without its job id."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     def add_run(self, run_id: str, name: str, run_dir: str) -> None:
         self.db.execute("INSERT INTO runs(run_id, name, run_dir, created_at) VALUES (?, ?, ?, ?)",

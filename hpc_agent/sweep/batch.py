@@ -11,6 +11,13 @@ intent without a job id, and its by-name reconciliation (which looks for ``hpc_a
 never resubmit a trial that is in fact queued as an array task. From then on the watcher follows the
 trial like any run: array task ids (``123_4``) work with sacct -D, squeue, scontrol requeue/update.
 
+Held until complete: submitit pickles each task to a temporary ``<uuid>.pkl``, runs sbatch, and only then
+renames it ``<job id>_submitted.pkl``, the file a task waits 60 s for before it fails. A driver killed
+in between would leave an array in Slurm that can only fail. So the array is submitted with ``--hold``
+and released (``scontrol release``) once submitit has returned; a restarted driver that finds a held
+array by name first gives any left-over temporary pickle its job's name (``restore_pickles``), then
+releases it. Nothing of a trial runs before everything it needs is in place, however late the restart.
+
 Logs: the array writes every task's log into one folder (``<sweep dir>/slurm``). Diagnose and the
 watcher look in ``<run dir>/slurm/<job id>_<rank>_log.out``, so each task's log file is hard-linked
 there (created empty in append mode first, which never truncates what the job may already have
@@ -21,6 +28,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
@@ -113,6 +121,8 @@ def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel:
     params["job_name"] = array_name(sweep, batch)
     params["comment"] = f"hpc_agent sweep={sweep} batch={batch}"
     params["array_parallelism"] = parallel
+    # Held until the driver has seen submitit finish (see the module docstring); released by release_array.
+    params["additional_parameters"] = dict(params.get("additional_parameters") or {}, hold=True)
     return params
 
 
@@ -135,6 +145,47 @@ def submit_array(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int
     with executor.batch():
         handles = [executor.submit(TrainingJob(j.run_dir, j.config_path)) for j in jobs]
     return [h.job_id for h in handles]
+
+
+def release_array(slurm, job_ids: Sequence[str]) -> None:
+    """Let a held array (or plain job) start. Idempotent, as adoption may repeat it: Slurm answers 0 for
+    tasks already released or running, and "already finished" for an array that ran; both are fine."""
+    for base in sorted({job_id.split("_")[0] for job_id in job_ids}):
+        result = slurm.run(["scontrol", "release", base], check=False)
+        if result.returncode != 0 and "already finished" not in (result.stderr or ""):
+            raise SlurmError(f"scontrol release {base} failed ({result.returncode}): {(result.stderr or '').strip()}"
+                             " -- the array stays held; run the sweep again to release it")
+
+
+_TEMP_PICKLE = re.compile(r"[0-9a-f]{32}\.pkl")  # submitit's name for a pickle not yet given its job id
+
+
+def restore_pickles(folder: Path, run_dirs: Mapping[str, Path]) -> List[str]:
+    """Finish submitit's rename for tasks whose driver died between sbatch and that rename: find the
+    temporary pickle of each task's trial (by the run dir of the ``TrainingJob`` inside) and give it the
+    name the task reads. ``run_dirs``: job id -> run dir. Returns the job ids whose pickle was restored."""
+    from submitit.core.utils import DelayedSubmission, JobPaths
+
+    missing = {job_id: str(run_dir) for job_id, run_dir in run_dirs.items()
+               if not JobPaths(folder, job_id=job_id).submitted_pickle.exists()}
+    if not missing:
+        return []
+    temporary: Dict[str, Path] = {}
+    # Oldest first: a trial pickled again by a later batch keeps its newest pickle (the same job anyway).
+    for path in sorted((p for p in folder.glob("*.pkl") if _TEMP_PICKLE.fullmatch(p.name)),
+                       key=lambda p: p.stat().st_mtime):
+        try:
+            run_dir = getattr(DelayedSubmission.load(path).function, "run_dir", None)
+        except Exception:  # noqa: BLE001 - a torn or foreign pickle is not ours to restore
+            continue
+        if run_dir is not None:
+            temporary[str(run_dir)] = path
+    restored = []
+    for job_id, run_dir in missing.items():
+        if run_dir in temporary:
+            os.replace(temporary.pop(run_dir), JobPaths(folder, job_id=job_id).submitted_pickle)
+            restored.append(job_id)
+    return restored
 
 
 def find_array(slurm, sweep: str, batch: str, since: float) -> Optional[List[str]]:
@@ -170,17 +221,24 @@ def register_trial(ledger, job: TrialJob, job_id: str, sweep: str, batch: str, s
     """Enter a submitted trial in the runs ledger and its run.json (idempotent: adoption may repeat it)."""
     from hpc_agent.submission import update_run_json
 
-    if ledger.run(job.run_id) is None:
-        ledger.add_run(job.run_id, job.cfg.run.name, str(job.run_dir))
-    if job_id not in {s.job_id for s in ledger.submissions(job.run_id)}:
-        sub = ledger.record_intent(job.run_id, "slurm", str(job.config_path), reason=f"sweep {sweep} trial {job.number}")
-        ledger.record_submitted(sub, job_id)
-        ledger.set_phase(job.run_id, "pending")
+    # One transaction: a driver killed half-way must not leave a submission row without its job id, which
+    # the watcher would "reconcile" by name (hpc_agent:<run id>), not find, and submit a second time.
+    with ledger.transaction():
+        if ledger.run(job.run_id) is None:
+            ledger.add_run(job.run_id, job.cfg.run.name, str(job.run_dir))
+        if job_id not in {s.job_id for s in ledger.submissions(job.run_id)}:
+            sub = ledger.record_intent(job.run_id, "slurm", str(job.config_path),
+                                       reason=f"sweep {sweep} trial {job.number}")
+            ledger.record_submitted(sub, job_id)
+            ledger.set_phase(job.run_id, "pending")
     ranks = job.cfg.slurm.tasks_per_node * job.cfg.slurm.nodes
     link_logs(sweep_slurm, job.run_dir, job_id, ranks)
+    # Two writes, each redone on adoption until it is there (a kill between them must not leave the
+    # trial's run.json naming the plain-run job name, nor list the job id twice).
     path = job.run_dir / "run.json"
     if not (path.exists() and job_id in json.loads(path.read_text()).get("job_ids", [])):
         update_run_json(job.run_dir, job.run_id, "slurm", job_id, job.config_path, job.cfg)
-        info = json.loads(path.read_text())
-        info.update({"job_name": array_name(sweep, batch), "sweep": sweep, "trial": job.number})
-        atomic_write_json(path, info)
+    info = json.loads(path.read_text())
+    sweep_info = {"job_name": array_name(sweep, batch), "sweep": sweep, "trial": job.number}
+    if any(info.get(k) != v for k, v in sweep_info.items()):
+        atomic_write_json(path, dict(info, **sweep_info))

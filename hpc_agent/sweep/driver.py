@@ -13,7 +13,11 @@ One loop, resumable at any point because every step is recorded before it is act
   the objective tag's value at its last step; FAIL when the watcher stopped it. A preempted or OOM-ed
   trial is neither: the watcher requeues or resubmits it, and the driver follows the run's latest job.
 
-A restarted driver adopts the study's RUNNING trials (``adopt``) instead of asking new ones.
+A restarted driver adopts the study's RUNNING trials (``adopt``) instead of asking new ones. Each kill
+point leaves a state it recognises: a trial asked but cut short inside ``ask`` (params completed, then
+submitted), one whose intent is incomplete or whose array never reached Slurm (submitted again), one
+whose held array is in Slurm without recorded job ids (found by name, pickles restored, released,
+registered), one with a job id (followed). The ledger registration is one transaction.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ from hpc_agent.metrics.tb_reader import Point, RunScalars
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from hpc_agent.submission import crash_point, write_config
-from hpc_agent.sweep.batch import TrialJob, find_array, register_trial, submit_array, task_job_id
+from hpc_agent.sweep.batch import (TrialJob, find_array, register_trial, release_array, restore_pickles, submit_array,
+                                   task_job_id)
 from hpc_agent.sweep.spec import SweepSpec, distributions, trial_overrides, trial_run_id
 
 # Trial user attributes (the trial's own record of where its run is).
@@ -42,6 +47,28 @@ A_FAIL = "fail_reason"
 def objective_value(points: Sequence[Point]) -> Optional[float]:
     """The objective: the tag's value at the last step logged (None if the tag never appeared)."""
     return max(points, key=lambda p: p.step).value if points else None
+
+
+def complete_params(trial, dists: Dict[str, Any]) -> List[str]:
+    """Suggest the params a trial lacks: a driver killed inside ``study.ask`` (which stores the trial, then
+    its params one by one) leaves a RUNNING trial that would otherwise run with the config's defaults
+    for the rest. Returns the names suggested now."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    missing = [name for name in dists if name not in trial.params]
+    for name in missing:
+        dist = dists[name]
+        if isinstance(dist, CategoricalDistribution):
+            trial.suggest_categorical(name, dist.choices)
+        elif isinstance(dist, IntDistribution):
+            trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+        else:
+            trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    return missing
+
+
+def _say_now(text: str) -> None:
+    print(text, flush=True)  # a log that is tailed, or read after a kill -9, must not sit in a buffer
 
 
 def new_reports(points: Sequence[Point], reported: set) -> List[Point]:
@@ -80,7 +107,7 @@ class Followed:
 
 class SweepDriver:
     def __init__(self, spec: SweepSpec, study, *, config: str, cli_overrides: Sequence[str], sweep_dir: Path,
-                 runs_root: Path, ledger, slurm, out: Callable[[str], None] = print,
+                 runs_root: Path, ledger, slurm, out: Callable[[str], None] = _say_now,
                  clock: Callable[[], float] = time.time, submit: Callable[..., List[str]] = submit_array):
         self.spec, self.study, self.config, self.cli_overrides = spec, study, config, list(cli_overrides)
         self.sweep_dir, self.runs_root, self.ledger, self.slurm = sweep_dir, runs_root, ledger, slurm
@@ -118,6 +145,7 @@ class SweepDriver:
         import optuna
 
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        reached = []  # (trial, frozen trial, job id): in Slurm, its job id recorded nowhere yet
         for frozen in running:
             attrs = frozen.user_attrs
             trial = self._trial_obj(frozen)
@@ -125,19 +153,33 @@ class SweepDriver:
                 self._follow(trial, attrs, set(frozen.intermediate_values))
                 self.say(f"trial {frozen.number}: adopted run {attrs[A_RUN_ID]} (job {attrs[A_JOB]})")
                 continue
-            if A_BATCH in attrs:
+            # A_INTENT is the last attribute written before sbatch: without it, sbatch never ran.
+            if A_INTENT in attrs:
                 found = find_array(self.slurm, self.spec.name, attrs[A_BATCH], attrs[A_INTENT])
                 if found is None:
                     raise SlurmError("Slurm does not answer; cannot tell whether an interrupted submission "
                                      "reached it. Run the sweep again when squeue/sacct work.")
                 job_id = task_job_id(found, attrs[A_INDEX], attrs[A_SIZE])
                 if job_id is not None:
-                    self._record_job(trial, frozen.number, attrs[A_BATCH], job_id)
-                    self._follow(trial, dict(attrs, **{A_JOB: job_id}), set(frozen.intermediate_values))
-                    self.say(f"trial {frozen.number}: its array reached Slurm as job {job_id}; adopted")
+                    reached.append((trial, frozen, job_id))
                     continue
+            completed = complete_params(trial, distributions(self.spec))
+            if completed:
+                self.say(f"trial {frozen.number}: was cut short while being asked; sampled {', '.join(completed)}")
             self.say(f"trial {frozen.number}: was asked but never reached Slurm; submitting it now")
             self.unsubmitted.append(trial)
+        if not reached:
+            return
+        # The array is held (batch.py): every task's pickle in place first, then release, then register.
+        restored = restore_pickles(self.sweep_dir / "slurm", {job_id: Path(f.user_attrs[A_RUN_DIR])
+                                                              for _, f, job_id in reached})
+        release_array(self.slurm, [job_id for _, _, job_id in reached])
+        for trial, frozen, job_id in reached:
+            attrs = frozen.user_attrs
+            self._record_job(trial, frozen.number, attrs[A_BATCH], job_id)
+            self._follow(trial, dict(attrs, **{A_JOB: job_id}), set(frozen.intermediate_values))
+            note = " (restored its submitit pickle)" if job_id in restored else ""
+            self.say(f"trial {frozen.number}: its array reached Slurm as job {job_id}; adopted{note}")
 
     def _record_job(self, trial, number: int, batch: str, job_id: str) -> None:
         run_id = trial_run_id(self.spec.name, number)
@@ -177,6 +219,7 @@ class SweepDriver:
                 (run_dir / sub).mkdir(parents=True, exist_ok=True)
             write_config(run_dir, cfg)
             jobs.append(TrialJob(trial.number, run_id, run_dir, run_dir / "config.yaml", cfg))
+            # One attribute per storage write; A_INTENT goes last and marks the intent complete (adopt).
             for key, value in ((A_RUN_ID, run_id), (A_RUN_DIR, str(run_dir)), (A_BATCH, batch), (A_INDEX, index),
                                (A_SIZE, len(trials)), (A_INTENT, self.clock())):
                 self._set(trial, key, value)
@@ -186,6 +229,7 @@ class SweepDriver:
         except Exception as exc:  # noqa: BLE001 - submitit raises plain exceptions carrying sbatch's stderr
             # The trials keep their intent: the next driver finds no array by that name and submits them again.
             raise SlurmError(f"sbatch refused the array for trials {[j.number for j in jobs]}: {exc}") from exc
+        release_array(self.slurm, job_ids)  # submitted held: submitit has now put every pickle in place
         crash_point("sweep_after_submit")  # tests: the array is in Slurm, its job ids recorded nowhere
         for trial, job, job_id in zip(trials, jobs, job_ids):
             register_trial(self.ledger, job, job_id, self.spec.name, batch, self.sweep_dir / "slurm")
