@@ -47,7 +47,7 @@ def resolve_precision(requested: str, cuda_available: bool) -> Tuple[str, str]:
     return requested, f"precision {requested} (as configured)"
 
 
-def zero_section(stage: int, offload: str, on_cuda: bool, reduce_bucket_size: int = 500_000_000) -> Dict[str, Any]:
+def zero_section(stage: int, offload: str, on_cuda: bool, reduce_bucket_size: int) -> Dict[str, Any]:
     zero: Dict[str, Any] = {"stage": stage}
     if stage >= 1:
         # Explicit, so the memory estimate (hpc_agent.memory) and DeepSpeed count the same bucket.
@@ -87,7 +87,7 @@ def build_ds_config(train, *, world_size: int, precision: str, on_cuda: bool,
         "gradient_clipping": float(train.grad_clip),
         "optimizer": {"type": "AdamW", "params": params},
         "zero_optimization": zero_section(int(train.zero_stage), train.offload, on_cuda,
-                                          int(getattr(train, "reduce_bucket_size", 500_000_000))),
+                                          int(train.reduce_bucket_size)),
         "steps_per_print": _NEVER,
         "wall_clock_breakdown": False,
     }

@@ -19,6 +19,7 @@ from hpc_agent.config.checks import (MEM_RE, NAME_RE, TIME_RE, check_choice, che
                                      raise_if)
 from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsConfig, ModelConfig
 from hpc_agent.config.problems import Problem
+from hpc_agent.memory import REDUCE_BUCKET_SIZE
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -169,7 +170,7 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass: less memory for ~1/3 more compute."""
 
-    reduce_bucket_size: int = 500_000_000
+    reduce_bucket_size: int = REDUCE_BUCKET_SIZE
     """DeepSpeed's gradient-reduction bucket in elements (ZeRO 1-3). Each GPU holds one buffer of this size
     in the 16-bit type (fp32 for fp32 training) whatever the model's size: 1 GB at DeepSpeed's default
     5e8. Smaller saves that memory on small models; larger means fewer, bigger collectives."""
