@@ -4,7 +4,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from pathlib import Path
 from typing import List, Optional
+
+from hpc_agent.extras import MissingExtra
 
 COMMANDS = {
     "submit": "validate a config and submit it to Slurm (or run it locally)",
@@ -13,7 +16,8 @@ COMMANDS = {
     "review": "tables and plots of runs; start TensorBoard",
     "doctor": "check Slurm, GPUs and a config's memory estimate before submitting",
     "sweep": "hyperparameter sweeps with Optuna",
-    "config": "print the config reference (every key, its default and meaning)",
+    "prepare": "build the DeepSpeed ops jobs load, once, so that no job compiles",
+    "config": "print the config reference; --list or --copy DIR: the shipped configs and templates",
 }
 
 
@@ -43,12 +47,63 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"hpc-agent: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     if command == "config":
-        from hpc_agent.config.docs import reference_markdown
-
-        print(reference_markdown())
-        return 0
+        return config_command(rest)
     module = importlib.import_module(f"hpc_agent.{command}")
-    return int(module.main(rest) or 0)
+    if not hasattr(module, "main"):  # a package (hpc_agent.sweep): its CLI is its __main__ module
+        module = importlib.import_module(f"hpc_agent.{command}.__main__")
+    try:
+        return int(module.main(rest) or 0)
+    except MissingExtra as exc:  # a feature whose pip extra is not installed: one line, no traceback
+        print(exc, file=sys.stderr)
+        return 2
+
+
+def config_command(argv: List[str]) -> int:
+    """``hpc-agent config``: the reference; ``--list`` the shipped files; ``--copy DIR`` copies them to edit.
+
+    A wheel install keeps the shipped configs inside site-packages; ``--copy`` gives a user an editable
+    copy, which ``HPC_AGENT_HOME`` then makes the one that config and template names resolve in."""
+    import argparse
+
+    from hpc_agent import paths
+
+    parser = argparse.ArgumentParser(prog="hpc-agent config", description=COMMANDS["config"])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--list", action="store_true", help="list the shipped configs and sbatch templates")
+    group.add_argument("--copy", metavar="DIR", help=f"copy {' and '.join(paths.FOLDERS)} into DIR (never overwrites)")
+    args = parser.parse_args(argv)
+    home = paths.shipped_home()
+    if args.list:
+        for folder in paths.FOLDERS:
+            print(f"{home / folder}:")
+            for file in sorted((home / folder).glob("*.yaml")):
+                print(f"  {file.stem}")
+        return 0
+    if args.copy:
+        return copy_shipped(home, Path(args.copy).expanduser())
+    from hpc_agent.config.docs import reference_markdown
+
+    print(reference_markdown())
+    return 0
+
+
+def copy_shipped(home: Path, dest: Path) -> int:
+    import shutil
+
+    from hpc_agent import paths
+
+    pairs = [(file, dest / folder / file.name) for folder in paths.FOLDERS
+             for file in sorted((home / folder).glob("*.yaml"))]
+    existing = [str(target) for _, target in pairs if target.exists()]
+    if existing:
+        print(f"hpc-agent config: not copying, these files exist: {', '.join(existing)}", file=sys.stderr)
+        return 2
+    for source, target in pairs:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    print(f"copied {len(pairs)} files from {home} to {dest}")
+    print(f"to use them by name (python -m hpc_agent.submit quickstart): export {paths.HOME_ENV}={dest.resolve()}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def _suggestion(cause: Cause, decision: Decision) -> str:
     text = ADVICE[cause.value]
     if decision.patch:
         text += " Proposed: " + " ".join(patch_as_overrides(decision.patch)) + "."
-    if decision.action == "stop" and cause not in (Cause.CODE_ERROR, Cause.CANCELLED):
+    if decision.action == "stop" and cause not in (Cause.CODE_ERROR, Cause.ENV_ERROR, Cause.CANCELLED):
         text += f" The watcher would stop: {decision.reason}."
     return text
 

@@ -2,7 +2,8 @@
 
 Checks that a training job can run here before it is submitted: Slurm answers, accounting is on, the
 partitions and their GPUs, the config is valid and sbatch would accept its resources (``--test-only``
-submits nothing), GPU health and the memory estimate. Each check prints ``OK|WARN|FAIL  name: detail``;
+submits nothing), DeepSpeed's ops are prepared and no torch build lock is stuck, GPU health and the
+memory estimate. Each check prints ``OK|WARN|FAIL  name: detail``;
 the exit code is 1 when any check FAILs, else 0. Runs on login nodes: imports neither torch nor deepspeed.
 
 ``--data PATH`` instead infers the ``data`` section of a config from a dataset file and writes it as
@@ -218,6 +219,13 @@ def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
     return checks or [Check(WARN, "gpu health", str(error or "no readings"))], report, _gpu_mem_bytes(readings)
 
 
+def check_environment() -> List[Check]:
+    """This Python's DeepSpeed ops (prepared, so jobs never compile) and torch build locks (none stuck)."""
+    from hpc_agent import envcheck
+
+    return [Check(*result) for result in [envcheck.check_deepspeed_ops(), *envcheck.check_build_locks()]]
+
+
 def target_gres(cfg: Any, parts: Optional[Sequence[Partition]]) -> str:
     """The gres of the partition the config asks for (the default one when it names none)."""
     for p in parts or []:
@@ -308,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checks.append(config_check)
         if cfg is not None and parts is not None:
             checks += check_sbatch(cli, cfg, parts)
+    checks += check_environment()
     health_checks, report, gpu_bytes = check_gpu_health()
     checks += health_checks
     if report:

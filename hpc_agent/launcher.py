@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import Config
-from hpc_agent.paths import repo_root, templates_dir
+from hpc_agent.paths import code_root, templates_dir
 
 JOB_NAME_PREFIX = "hpc_agent:"
 EXECUTORS = ("auto", "slurm", "local")
@@ -82,7 +82,7 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
                      template: Template) -> Dict[str, Any]:
     """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``."""
     s = cfg.slurm
-    values = {"run_dir": str(run_dir), "run_id": run_id, "config": str(config_path), "repo": str(repo_root())}
+    values = {"run_dir": str(run_dir), "run_id": run_id, "config": str(config_path), "repo": str(code_root())}
     params: Dict[str, Any] = {
         "job_name": job_name_for(run_id),
         "comment": f"hpc_agent run_id={run_id}",

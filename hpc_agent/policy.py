@@ -324,6 +324,9 @@ def decide(cause: str | Cause, history: Sequence[PastAttempt], cfg: Config, situ
         return Decision(STOP, c, "code error: requeueing would fail the same way; fix it and resubmit")
     if cause == Cause.CANCELLED:
         return Decision(STOP, c, "cancelled by a person: not requeued")
+    if cause == Cause.ENV_ERROR:
+        return Decision(STOP, c, "environment problem: every retry in this environment would fail the same way; "
+                                 "run the fix in the evidence, then resubmit")
 
     proposed = _rule(cause, history, cfg, situation, limits)
     if proposed.action not in (REQUEUE, RESUBMIT):

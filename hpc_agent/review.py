@@ -287,9 +287,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from hpc_agent.review_sweep import is_sweep_dir  # a sweep dir: its trials table and objective plot instead
 
     if is_sweep_dir(path):
+        from hpc_agent.extras import MissingExtra
         from hpc_agent.review_sweep import review_sweep
 
-        return review_sweep(path, args.json, args.plot)
+        try:
+            return review_sweep(path, args.json, args.plot)
+        except MissingExtra as exc:
+            print(f"review: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     runs_root, run_dirs = find_runs(path)
     if not run_dirs:
         print(f"review: no runs under {path} (no config.yaml, run.json, tb/ or events.jsonl)", file=sys.stderr)

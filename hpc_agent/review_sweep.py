@@ -51,7 +51,9 @@ def summarize(rows: Sequence[Mapping[str, Any]], direction: str, startup_trials:
 
 def load_rows(sweep_dir: Path) -> Dict[str, Any]:
     """The sweep's description and trial rows, read from its Optuna storage."""
-    import optuna
+    from hpc_agent.extras import require
+
+    optuna = require("optuna", "sweep", "reviewing a sweep")
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     info = json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())

@@ -181,7 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if logs[0].exists():
         tail = logs[0].read_text(errors="replace").splitlines()[-10:]
         print("log tail:\n  " + "\n  ".join(tail))
-    return 0 if state == "COMPLETED" else EXIT_JOB_FAILED
+    if state == "COMPLETED":
+        return 0
+    if kind == "slurm":  # not just an exit code: why it ended and what to do (python -m hpc_agent.diagnose)
+        from hpc_agent import diagnose
+
+        print("diagnosis:", flush=True)
+        diagnose.main([job_id, "--runs-root", str(runs_root)])
+    return EXIT_JOB_FAILED
 
 
 if __name__ == "__main__":

@@ -112,6 +112,11 @@ def init(env: DistEnv, on_cuda: bool, timeout_s: float = 600.0) -> str:
     import deepspeed
     import torch
 
+    from launch.ops import install_guard
+
+    # Before DeepSpeed's communication init, which loads (or would compile) its CPU comm op: from here on
+    # an op that was not prepared ends the job at once (launch/ops.py) instead of compiling inside it.
+    install_guard(log=lambda line: print(line, flush=True))
     os.environ.update({"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size),
                        "LOCAL_RANK": str(env.local_rank), "MASTER_ADDR": env.master_addr,
                        "MASTER_PORT": str(env.master_port)})

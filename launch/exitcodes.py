@@ -24,6 +24,12 @@ UNAVAILABLE = 69
 """The requested precision or backend is not available on this machine (EX_UNAVAILABLE), e.g.
 ``train.precision=fp16`` on a node without CUDA. Retrying on the same kind of node will not help."""
 
+ENVIRONMENT = 72
+"""The job's software environment lacks something a retry will not bring (EX_OSFILE): a DeepSpeed op
+that was never prepared for this Python/torch/DeepSpeed (a job never compiles one: run
+``python -m hpc_agent.prepare``), or an optional package (``pip install 'hpc_agent[EXTRA]'``). The log line
+``[hpc_agent] environment problem: ...`` names what is missing and the command that fixes it."""
+
 PREEMPTED = 75
 """SIGTERM (preemption, scancel) or SIGUSR2 (time limit near) arrived; a complete checkpoint was
 written and the run can resume from it (EX_TEMPFAIL: try again later)."""
@@ -38,4 +44,4 @@ errors, retired/remapped pages failing, Xid, GPU lost, over temperature). No che
 watcher excludes the node and resubmits from the last complete checkpoint."""
 
 NAMES = {OK: "ok", CRASHED: "crashed", OUT_OF_MEMORY: "out_of_memory", DIVERGED: "diverged",
-         UNAVAILABLE: "unavailable", PREEMPTED: "preempted", CONFIG: "config", GPU_CRITICAL: "gpu_critical"}
+         UNAVAILABLE: "unavailable", ENVIRONMENT: "environment", PREEMPTED: "preempted", CONFIG: "config", GPU_CRITICAL: "gpu_critical"}

@@ -43,6 +43,19 @@ def main(config_path: str, run_dir: str) -> int:
 
 
 def _main(config_path: str, run_dir: str, stop: StopRequest) -> int:
+    from hpc_agent.extras import MissingExtra
+    from launch.ops import OpNotPrepared
+
+    try:
+        return _train(config_path, run_dir, stop)
+    except (OpNotPrepared, MissingExtra) as exc:
+        # Raised before the first collective on every rank alike (the comm op loads before the rendezvous),
+        # so exiting here cannot leave a peer waiting. One line: log diagnosis shows it as the evidence.
+        say(f"environment problem: {exc}; exiting {exitcodes.ENVIRONMENT}")
+        return exitcodes.ENVIRONMENT
+
+
+def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
     from hpc_agent.config.load import load_snapshot, to_yaml
     from hpc_agent.config.problems import ConfigError
 

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The full test suite on a fresh machine: install, bring up the localhost Slurm, run pytest.
+# The full test suite on a fresh machine: install (scripts/setup.sh), bring up the localhost Slurm, run pytest.
 #   bash scripts/test.sh [extra pytest args]
-# Run as root (it installs Debian packages and starts Slurm daemons).
+# Run as root (cluster.sh installs Debian packages and starts Slurm daemons).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 bash scripts/setup.sh
+# shellcheck source=scripts/python_env.sh
+source scripts/python_env.sh
+hpc_agent_venv
 bash scripts/cluster.sh up
 # Slurm tests must run here: fail (not skip) if the cluster is not usable.
 export HPC_AGENT_REQUIRE_SLURM=1
 set +e
-python3 -m pytest tests -v --durations=15 "$@"
+"$PY" -m pytest tests -v --durations=15 "$@"
 rc=$?
 set -e
 echo "[test] pytest exit code $rc after $(( $(date +%s) - start )) s"

@@ -223,7 +223,8 @@ def test_alarms_loss_scale_stuck():
 # --- the taxonomy and the exit code table ----------------------------------------------------------------------
 def test_every_cause_has_words():
     assert ALL_CAUSES == ("completed", "running", "pending", "preempted", "timeout", "node_fail", "host_oom", "gpu_oom",
-                          "nccl_error", "gpu_hw_error", "diverged", "cancelled", "code_error", "unknown")
+                          "nccl_error", "gpu_hw_error", "diverged", "cancelled", "code_error", "env_error",
+                          "unknown")
     assert set(SUMMARY) == set(ADVICE) == set(ALL_CAUSES)
     assert f"{Cause.GPU_OOM}" == "gpu_oom"
 

@@ -129,7 +129,15 @@ CASES = [
     # --- code errors --------------------------------------------------------------------------------------
     Case("code-error-valueerror", "failed.txt", "code_error", ["code_error_value.log"],
          ["ValueError: data.num_classes=5"], action="stop"),
+    # A misspelt submodule of a package that is there: the code is wrong.
     Case("code-error-import", "failed.txt", "code_error", ["code_error_import.log"], ["ModuleNotFoundError"]),
+    # --- the job's environment (a retry there fails the same way) ---------------------------------------
+    # Recorded on the localhost cluster: HPC_AGENT_OPS_DIR pointed at an empty directory.
+    Case("env-unprepared-deepspeed-op-exit-72", "env_unprepared_op.txt", "env_error",
+         ["env_unprepared_op_4_0_log.out"], ["environment problem", "-m hpc_agent.prepare"], action="stop"),
+    Case("env-exit-72-without-log", "env_unprepared_op.txt", "env_error", [], ["exit code 72"], action="stop"),
+    Case("env-missing-top-level-package", "failed.txt", "env_error", ["env_missing_package.log"],
+         ["No module named 'lightgbm'"], action="stop"),
     Case("code-error-rank-prefixed-traceback", "failed.txt", "code_error", ["code_error_rank_prefix.log"],
          ["KeyError: 'input_ids'"]),
     Case("code-error-chained-first-exception", "failed.txt", "code_error", ["code_error_chained.log"],

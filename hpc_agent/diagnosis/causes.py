@@ -22,6 +22,7 @@ class Cause(str, Enum):
     DIVERGED = "diverged"
     CANCELLED = "cancelled"
     CODE_ERROR = "code_error"
+    ENV_ERROR = "env_error"
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:  # f"{cause}" gives "gpu_oom", not "Cause.GPU_OOM"
@@ -36,7 +37,7 @@ WAITING = frozenset({Cause.RUNNING, Cause.PENDING, Cause.UNKNOWN})
 
 # Faults that can *cause* other ranks to fail but are never themselves the echo of another rank's
 # failure. NCCL errors and Python tracebacks are often echoes (a peer died, or SIGTERM arrived).
-PRIMARY_FAULTS = frozenset({Cause.GPU_HW_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.DIVERGED})
+PRIMARY_FAULTS = frozenset({Cause.GPU_HW_ERROR, Cause.ENV_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.DIVERGED})
 SECONDARY_FAULTS = frozenset({Cause.CODE_ERROR, Cause.NCCL_ERROR})
 
 SUMMARY: Dict[str, str] = {
@@ -53,6 +54,8 @@ SUMMARY: Dict[str, str] = {
     "diverged": "training diverged (NaN/inf loss, or the FP16 loss scale hit its minimum)",
     "cancelled": "someone cancelled the job (scancel)",
     "code_error": "the training code raised an error (a bug or a bad input, not the cluster)",
+    "env_error": "the job's software environment lacks something (an unprepared DeepSpeed op, a missing package): "
+                 "a retry in the same environment fails the same way",
     "unknown": "the state is unknown (sacct failed or has no record yet)",
 }
 
@@ -74,5 +77,7 @@ ADVICE: Dict[str, str] = {
     "diverged": "Roll back to the last checkpoint before the divergence and lower train.lr (e.g. x0.5).",
     "cancelled": "Not requeued: a person cancelled it. Resubmit by hand if that was a mistake.",
     "code_error": "Not requeued: fix the error shown in the evidence, then resubmit.",
+    "env_error": "Not requeued: run the fix the evidence names in the jobs' environment (for DeepSpeed ops: "
+                 "python -m hpc_agent.prepare; for a package: pip install it, or the hpc_agent extra), then resubmit.",
     "unknown": "Wait and ask again: a missing sacct answer is not a failure.",
 }

@@ -35,7 +35,7 @@ RUNNING_STATES = {"RUNNING", "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OU
 _STATE_CAUSE = {"PREEMPTED": Cause.PREEMPTED, "TIMEOUT": Cause.TIMEOUT, "DEADLINE": Cause.TIMEOUT,
                 "NODE_FAIL": Cause.NODE_FAIL, "BOOT_FAIL": Cause.NODE_FAIL, "OUT_OF_MEMORY": Cause.HOST_OOM}
 # Among findings that cannot be ordered, the most likely root cause first.
-_PRIORITY = (Cause.GPU_HW_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.DIVERGED, Cause.NODE_FAIL, Cause.PREEMPTED,
+_PRIORITY = (Cause.GPU_HW_ERROR, Cause.ENV_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.DIVERGED, Cause.NODE_FAIL, Cause.PREEMPTED,
              Cause.TIMEOUT, Cause.CODE_ERROR, Cause.NCCL_ERROR, Cause.CANCELLED)
 MAX_EVIDENCE_LINES = 8
 
@@ -234,7 +234,7 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
         note = " (placeholder code: see hpc_agent/diagnosis/exit_codes.py)" if meaning.placeholder else ""
         bad = tuple(attempt.nodes) if meaning.cause == Cause.GPU_HW_ERROR and len(attempt.nodes) == 1 else ()
         extra = [f"exit code {meaning.code} of {where}: {meaning.meaning}{note}"]
-        if meaning.cause == Cause.CODE_ERROR:
+        if meaning.cause in (Cause.CODE_ERROR, Cause.ENV_ERROR):
             extra.append(f"{why}: not requeued")
         return result(meaning.cause, extra=extra, bad_nodes=bad)
     if state == "REQUEUED":

@@ -37,6 +37,7 @@ EXIT_CRASHED = 1
 EXIT_OUT_OF_MEMORY = 3
 EXIT_DIVERGED = 65
 EXIT_UNAVAILABLE = 69
+EXIT_ENVIRONMENT = 72
 EXIT_SIGNALLED_AFTER_CHECKPOINT = 75
 EXIT_CONFIG = 78
 EXIT_GPU_HEALTH_CRITICAL = 82  # launch/gpu_health.py: exclude the node and resubmit
@@ -47,6 +48,8 @@ EXIT_CODES: Mapping[int, ExitCodeMeaning] = {m.code: m for m in (
     ExitCodeMeaning(EXIT_DIVERGED, Cause.DIVERGED, "the loss became NaN/inf; no checkpoint written for it"),
     ExitCodeMeaning(EXIT_UNAVAILABLE, Cause.CODE_ERROR,
                     "the requested precision/backend cannot run on this node (fix the config)"),
+    ExitCodeMeaning(EXIT_ENVIRONMENT, Cause.ENV_ERROR,
+                    "the job's environment lacks a prepared DeepSpeed op or an optional package (fix, then resubmit)"),
     ExitCodeMeaning(EXIT_SIGNALLED_AFTER_CHECKPOINT, Cause.TIMEOUT,
                     "SIGUSR2 (time limit near) or SIGTERM caught, complete checkpoint written: resume"),
     ExitCodeMeaning(EXIT_CONFIG, Cause.CODE_ERROR,

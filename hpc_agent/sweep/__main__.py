@@ -17,11 +17,18 @@ from typing import Optional, Sequence
 
 from hpc_agent.config.load import load_config, to_yaml
 from hpc_agent.config.problems import ConfigError, Problem
+from hpc_agent.extras import MissingExtra, require
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.sweep.spec import SweepSpec, parse_spec, trial_overrides, trial_run_id
 
 EXIT_OK, EXIT_CONFIG, EXIT_SLURM, EXIT_LOCKED = 0, 2, 3, 4
 SWEEPS_DIR = "sweeps"
+FEATURE = "python -m hpc_agent.sweep"
+
+
+def optuna_module():
+    """Optuna, from the ``sweep`` extra; MissingExtra (one line naming the extra) when it is absent."""
+    return require("optuna", "sweep", FEATURE)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +74,7 @@ def storage_url(spec: SweepSpec, sweep_dir: Path) -> str:
 
 
 def open_study(spec: SweepSpec, url: str, max_steps: int):
-    import optuna
+    optuna = optuna_module()
 
     from hpc_agent.sweep.spec import make_pruner, make_sampler
 
@@ -81,7 +88,7 @@ def open_study(spec: SweepSpec, url: str, max_steps: int):
 
 
 def dry_run(spec: SweepSpec, args, runs_root: Path, sweep_dir: Path) -> int:
-    import optuna
+    optuna = optuna_module()
 
     from hpc_agent.sweep.spec import distributions
 
@@ -104,6 +111,11 @@ def dry_run(spec: SweepSpec, args, runs_root: Path, sweep_dir: Path) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    try:
+        optuna_module()  # first: without the sweep extra no sweep can run, whatever the arguments
+    except MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
     try:
         spec = load_spec(args.sweep, args.trials, args.parallel, args.storage)
         base = load_config(args.config, args.overrides)

@@ -109,12 +109,12 @@ def array_setup(lines: Sequence[str], jobs: Sequence[TrialJob]) -> List[str]:
 
 def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int) -> Dict:
     """submitit parameters for the array: the first trial's slurm section (a sweep never varies slurm.*)."""
-    from hpc_agent.paths import repo_root
+    from hpc_agent.paths import code_root
 
     first = jobs[0]
     template = load_template(first.cfg.slurm.template)
     params = slurm_parameters(first.cfg, first.run_id, first.run_dir, first.config_path, template)
-    values = {"repo": str(repo_root())}
+    values = {"repo": str(code_root())}
     params["setup"] = array_setup([_fill(line, values) for line in template.setup], jobs)
     params["srun_args"] = [_fill(a, values).replace("{run_dir}", f"${{{TRIAL_ENV['run_dir']}}}")
                            for a in template.srun_args]

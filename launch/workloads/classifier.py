@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpc_agent.extras import require
 from launch.workloads import sampling
 from launch.workloads.common import eval_mode, param_dtype, seeded_module
 
@@ -42,6 +43,15 @@ EVAL_BATCH = 8192
 # model trained with plain cross-entropy sacrifices them for the majority.
 CLASS_SEP = 1.0
 CLUSTERS_PER_CLASS = 2
+# scikit-learn and imbalanced-learn come with the ``tabular`` extra. They are imported inside the
+# functions that use them (through ``require``), so importing this module never needs them and a job
+# without them fails with one line naming the extra.
+FEATURE = "the classifier workload"
+SMOTE_FEATURE = "the classifier workload's data.imbalance_method=smote"
+
+
+def _sklearn(submodule: str):
+    return require(f"sklearn.{submodule}", "tabular", FEATURE)
 
 
 def class_sizes(num_samples: int, num_classes: int, ratio: float) -> np.ndarray:
@@ -59,8 +69,7 @@ def generate(num_samples: int, num_classes: int, num_features: int, ratio: float
              seed: int = DATA_SEED) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(x_train, y_train, x_eval, y_eval)`` with ``class_sizes`` training samples per class and a
     stratified held-out set of EVAL_FRACTION of the total."""
-    from sklearn.datasets import make_classification
-
+    make_classification = _sklearn("datasets").make_classification
     train_sizes = class_sizes(num_samples, num_classes, ratio)
     eval_sizes = np.maximum(1, np.round(train_sizes * EVAL_FRACTION / (1 - EVAL_FRACTION))).astype(np.int64)
     needed = train_sizes + eval_sizes
@@ -88,8 +97,7 @@ def generate(num_samples: int, num_classes: int, num_features: int, ratio: float
 def load_csv(path: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A CSV of numeric features with the integer label last, split stratified (when every class has
     at least two samples) into training and held-out parts."""
-    from sklearn.model_selection import train_test_split
-
+    train_test_split = _sklearn("model_selection").train_test_split
     with open(path, encoding="utf-8") as handle:
         first = handle.readline().split(",")[0].strip()
     try:
@@ -129,6 +137,10 @@ class ClassifierWorkload:
 
     def __init__(self, cfg, device: torch.device | str = "cpu"):
         d = cfg.data
+        # Fail at build time, not at the first evaluation, when the tabular extra is missing.
+        _sklearn("metrics")
+        if d.imbalance_method == "smote":
+            require("imblearn.over_sampling", "tabular", SMOTE_FEATURE)
         self.device = torch.device(device)
         self.method = d.imbalance_method
         seed = cfg.train.seed
@@ -164,8 +176,7 @@ class ClassifierWorkload:
 
     @staticmethod
     def _smote(x: np.ndarray, y: np.ndarray, seed: int) -> Tuple[np.ndarray, np.ndarray]:
-        from imblearn.over_sampling import SMOTE
-
+        SMOTE = require("imblearn.over_sampling", "tabular", SMOTE_FEATURE).SMOTE
         smallest = int(np.bincount(y).min())
         if smallest < 2:
             raise ValueError("data.imbalance_method=smote needs at least 2 training samples in every class "
@@ -211,8 +222,7 @@ class ClassifierWorkload:
 
     def evaluate(self, model: nn.Module) -> Dict[str, float]:
         """Held-out macro-F1, balanced accuracy, accuracy and (unweighted) cross-entropy."""
-        from sklearn.metrics import balanced_accuracy_score, f1_score
-
+        metrics = _sklearn("metrics")
         dtype = param_dtype(model)
         logits = []
         with eval_mode(model):
@@ -223,7 +233,7 @@ class ClassifierWorkload:
         truth = self.y_eval.numpy()
         return {
             "eval/loss": F.cross_entropy(logits_all, self.y_eval).item(),
-            "eval/macro_f1": float(f1_score(truth, predicted, average="macro", zero_division=0)),
-            "eval/balanced_accuracy": float(balanced_accuracy_score(truth, predicted)),
+            "eval/macro_f1": float(metrics.f1_score(truth, predicted, average="macro", zero_division=0)),
+            "eval/balanced_accuracy": float(metrics.balanced_accuracy_score(truth, predicted)),
             "eval/accuracy": float((predicted == truth).mean()),
         }
