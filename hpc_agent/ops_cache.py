@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import re
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -140,8 +141,6 @@ def read_manifest(path: Path) -> Tuple[Dict[str, PreparedOp], Dict[str, str], st
     except OSError as exc:
         return {}, {}, f"cannot open {path}: {exc.strerror or exc}"
     try:
-        import stat
-
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return {}, {}, f"{path} is not a regular file"
         with os.fdopen(fd, "rb", closefd=False) as handle:

@@ -44,4 +44,5 @@ errors, retired/remapped pages failing, Xid, GPU lost, over temperature). No che
 watcher excludes the node and resubmits from the last complete checkpoint."""
 
 NAMES = {OK: "ok", CRASHED: "crashed", OUT_OF_MEMORY: "out_of_memory", DIVERGED: "diverged",
-         UNAVAILABLE: "unavailable", ENVIRONMENT: "environment", PREEMPTED: "preempted", CONFIG: "config", GPU_CRITICAL: "gpu_critical"}
+         UNAVAILABLE: "unavailable", ENVIRONMENT: "environment", PREEMPTED: "preempted", CONFIG: "config",
+         GPU_CRITICAL: "gpu_critical"}

@@ -13,7 +13,6 @@ halves that need torch and DeepSpeed:
 """
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
 import platform
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from hpc_agent.fsutil import atomic_write_json
+from hpc_agent.fsutil import atomic_write_json, hold_lock
 from hpc_agent.ops_cache import (MANIFEST, PreparedOp, Runtime, find_build_locks, find_prepared, manifest_data,
                                  missing_op_message, ops_dir, python_tag, read_cpu_flags, read_manifest, runtime_dir,
                                  sha256_of)
@@ -137,24 +136,22 @@ def _precompiled(name: str, runtime: Runtime) -> bool:
     return bool(installed_ops.get(name, False)) and accelerator_name == runtime.accelerator
 
 
-def _take_lock(path: Path, log: Callable[[str], None], wait_s: float):
-    """The prepare lock of one runtime directory: another prepare may be building; wait, bounded."""
-    handle = open(path, "a+")
-    deadline, said = time.monotonic() + wait_s, 0.0
-    while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return handle
-        except BlockingIOError:
-            waited = wait_s - (deadline - time.monotonic())
-            if waited >= wait_s:
-                handle.close()
-                raise TimeoutError(f"another `prepare` has held {path} for {wait_s:.0f} s; if none is running, "
-                                   f"remove the file and retry")
-            if waited - said >= 30 or said == 0:
-                log(f"waiting for another prepare to finish ({path}, {waited:.0f} s so far)")
-                said = waited or 0.1
-            time.sleep(1.0)
+def _take_lock(path: Path, log: Callable[[str], None], wait_s: float, poll_s: float = 1.0):
+    """The prepare lock of one runtime directory (``fsutil.hold_lock``: the kernel drops it when its holder
+    dies, so it is never stale): another prepare may be building there; wait for it, saying so, bounded."""
+    started = time.monotonic()
+    next_note = started
+    while (handle := hold_lock(path)) is None:
+        waited = time.monotonic() - started
+        holder = path.read_text(errors="replace").strip() or "?"
+        if waited >= wait_s:
+            raise TimeoutError(f"another prepare (pid {holder}) has held {path} for {waited:.0f} s; wait for it "
+                               "or stop it, then run prepare again")
+        if time.monotonic() >= next_note:
+            log(f"waiting for another prepare (pid {holder}) to finish ({waited:.0f} s so far)")
+            next_note += 30
+        time.sleep(poll_s)
+    return handle
 
 
 def _max_jobs() -> str:

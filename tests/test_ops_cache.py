@@ -175,3 +175,17 @@ def test_doctor_finds_a_stale_torch_extension_lock(tmp_path):
     report = json.loads(res.stdout)
     (check,) = [c for c in report["checks"] if c["name"] == "build lock"]
     assert check["level"] == "WARN" and "stale" in check["detail"] and f"Fix: rm -f {lock}" in check["detail"]
+
+
+def test_a_second_prepare_waits_for_the_first_then_gives_up_naming_it(tmp_path):
+    from hpc_agent.fsutil import hold_lock
+    from launch.ops import _take_lock
+
+    path = tmp_path / ".prepare.lock"
+    held = hold_lock(path)
+    notes = []
+    with pytest.raises(TimeoutError, match=rf"another prepare \(pid {os.getpid()}\) has held"):
+        _take_lock(path, notes.append, wait_s=0.2, poll_s=0.05)
+    assert notes and f"pid {os.getpid()}" in notes[0]
+    held.close()  # the holder is gone: the next prepare gets the lock at once
+    _take_lock(path, notes.append, wait_s=0.2, poll_s=0.05).close()

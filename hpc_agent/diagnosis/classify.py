@@ -35,8 +35,8 @@ RUNNING_STATES = {"RUNNING", "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OU
 _STATE_CAUSE = {"PREEMPTED": Cause.PREEMPTED, "TIMEOUT": Cause.TIMEOUT, "DEADLINE": Cause.TIMEOUT,
                 "NODE_FAIL": Cause.NODE_FAIL, "BOOT_FAIL": Cause.NODE_FAIL, "OUT_OF_MEMORY": Cause.HOST_OOM}
 # Among findings that cannot be ordered, the most likely root cause first.
-_PRIORITY = (Cause.GPU_HW_ERROR, Cause.ENV_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.DIVERGED, Cause.NODE_FAIL, Cause.PREEMPTED,
-             Cause.TIMEOUT, Cause.CODE_ERROR, Cause.NCCL_ERROR, Cause.CANCELLED)
+_PRIORITY = (Cause.GPU_HW_ERROR, Cause.ENV_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.DIVERGED, Cause.NODE_FAIL,
+             Cause.PREEMPTED, Cause.TIMEOUT, Cause.CODE_ERROR, Cause.NCCL_ERROR, Cause.CANCELLED)
 MAX_EVIDENCE_LINES = 8
 
 
