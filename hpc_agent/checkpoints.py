@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from hpc_agent import rundir
+
 ASIDE = "set_aside"
 MARKER = "COMPLETE.json"
 MARKER_VERSION = 1
@@ -139,7 +141,7 @@ def scan(root: Path) -> List[Candidate]:
 
 def complete_steps(run_dir: Path) -> List[int]:
     """Steps of the checkpoints a resume could use, oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = rundir.checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
     return sorted(c.step for c in scan(root) if problem(c) is None)
@@ -148,7 +150,7 @@ def complete_steps(run_dir: Path) -> List[int]:
 def set_aside_after(run_dir: Path, keep_step: Optional[int], before_step: Optional[int]) -> List[str]:
     """Roll back: move checkpoints newer than ``keep_step`` (or at/after ``before_step``) into
     ``checkpoints/set_aside/`` so the next attempt resumes from the older one. Nothing is deleted."""
-    root = Path(run_dir) / "checkpoints"
+    root = rundir.checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
     moved = []

@@ -19,16 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.config.load import RUNS_ENV, load_snapshot
+from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.schema import Config
-from hpc_agent.diagnosis.alarms import Alarm, alarms_from_scalars
+from hpc_agent.diagnosis.alarms import Alarm, fatal_alarms
 from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import LogText
+from hpc_agent.follow import situation_from
 from hpc_agent.launcher import run_id_from_job_name
+from hpc_agent import rundir
+from hpc_agent.rundir import find_logs, tail_log
 from hpc_agent.metrics.tb_reader import RunScalars
-from hpc_agent.policy import Decision, PastAttempt, Situation, decide, patch_as_overrides
+from hpc_agent.policy import Decision, PastAttempt, decide, patch_as_overrides
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, group_attempts, has_sacct_header, job_key_of, parse_sacct
 
 EXIT_OK = 0
@@ -63,44 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --- inputs (I/O) -------------------------------------------------------------------------------------
-def read_tail(path: Path, max_bytes: int) -> str:
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        fh.seek(max(0, size - max_bytes))
-        data = fh.read()
-    text = data.decode("utf-8", errors="replace")
-    if size > max_bytes and "\n" in text:
-        text = text.split("\n", 1)[1]  # the first line was cut in the middle
-    return text
-
-
-def tail_log(path: Path, max_bytes: int) -> LogText:
-    """The last ``max_bytes`` of a log as a :class:`LogText` that knows whether it is cut."""
-    return LogText(path.name, read_tail(path, max_bytes), truncated=path.stat().st_size > max_bytes)
-
-
-def _rank_order(path: Path) -> Tuple[int, str]:
-    m = re.search(r"_(\d+)_log\.\w+$", path.name)
-    return (int(m.group(1)) if m else 1 << 30, path.name)
-
-
-def find_logs(run_dir: Optional[Path], job_key: str, stdout_pattern: Optional[str] = None) -> List[Path]:
-    """The job's logs: ``<run dir>/slurm/<jobid>_<rank>_log.out`` (submitit's layout), else the StdOut path."""
-    found: List[Path] = []
-    base = job_key.split("_")[0]
-    if run_dir is not None:
-        folder = run_dir / "slurm"
-        found = sorted({*folder.glob(f"{job_key}_*_log.out"), *folder.glob(f"{job_key}_*_log.err")}, key=_rank_order)
-    if not found and stdout_pattern:
-        # Slurm filename patterns: %j job id, %A array master id; %t task, %a array index etc. vary -> glob.
-        pattern = stdout_pattern.replace("%j", base).replace("%A", base)
-        pattern = re.sub(r"%\d*[a-zA-Z]", "*", pattern)
-        parent = Path(pattern).parent
-        found = sorted(parent.glob(Path(pattern).name), key=_rank_order) if parent.is_dir() else []
-    return found
-
-
 def read_tb_scalars(tb_dir: Path,
                     tags: Sequence[str] = (LOSS_TAG, LOSS_SCALE_TAG)) -> Dict[str, List[Tuple[int, float]]]:
     """``{tag: [(step, value), ...]}`` in write (wall-time) order, every point of every event file under
@@ -128,17 +93,6 @@ def history_from_attempts(diagnoses: Sequence[Diagnosis]) -> List[PastAttempt]:
     """The policy's history from the earlier attempts of one Slurm job (sacct -D alone: no ledger).
     A later attempt exists, so each earlier one was requeued; checkpoint progress is unknown here."""
     return [PastAttempt(d.job_id, d.cause.value, action="requeue") for d in diagnoses[:-1]]
-
-
-def situation_from(diagnoses: Sequence[Diagnosis], made_progress: Optional[bool] = None,
-                   checkpoint_steps: Sequence[int] = ()) -> Situation:
-    """The policy's facts about the newest attempt; a pending attempt after a Slurm requeue carries the
-    cause of the attempt before it (so the policy can expedite it)."""
-    latest = diagnoses[-1]
-    previous = diagnoses[-2].cause.value if len(diagnoses) > 1 and latest.cause == Cause.PENDING else None
-    return Situation(job_id=latest.job_id, made_progress=made_progress, checkpoint_steps=tuple(checkpoint_steps),
-                     nodes=latest.nodes, bad_nodes=latest.bad_nodes, divergence_step=latest.divergence_step,
-                     requeued_after=previous)
 
 
 def diagnose(job_id: Optional[str], sacct_text: str, logs: Sequence[LogText], alarms: Sequence[Alarm],
@@ -177,7 +131,7 @@ def _suggestion(cause: Cause, decision: Decision) -> str:
     text = ADVICE[cause.value]
     if decision.patch:
         text += " Proposed: " + " ".join(patch_as_overrides(decision.patch)) + "."
-    if decision.action == "stop" and cause not in (Cause.CODE_ERROR, Cause.ENV_ERROR, Cause.CANCELLED):
+    if decision.action == "stop" and cause not in (Cause.CODE_ERROR, Cause.ENV_ERROR, Cause.RUN_DIR_BUSY, Cause.CANCELLED):
         text += f" The watcher would stop: {decision.reason}."
     return text
 
@@ -269,18 +223,19 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
         except OSError as exc:
             raise UsageError(f"cannot read log {path}: {exc.strerror or exc}")
 
-    snapshot = found.run_dir / "config.yaml" if found.run_dir is not None else None
-    if snapshot is not None and snapshot.is_file():
-        try:
-            found.cfg, found.config_source = load_snapshot(snapshot), str(snapshot)
-        except ConfigError:
-            found.config_source = f"schema defaults ({snapshot} did not validate)"
-    tb_dir = Path(args.tb) if args.tb else (found.run_dir / "tb" if found.run_dir is not None else None)
+    snapshot = rundir.config_path(found.run_dir) if found.run_dir is not None else None
+    if snapshot is not None and snapshot.exists():
+        try:  # bounded, regular-file-only: the job can write its run directory
+            found.cfg, found.config_source = rundir.load_config(found.run_dir), str(snapshot)
+        except (ConfigError, OSError) as exc:
+            reason = "did not validate" if isinstance(exc, ConfigError) else f"unreadable: {exc}"
+            found.config_source = f"schema defaults ({snapshot} {reason})"
+    tb_dir = Path(args.tb) if args.tb else (rundir.tb_dir(found.run_dir) if found.run_dir is not None else None)
     if args.tb and not tb_dir.is_dir():
         raise UsageError(f"--tb {args.tb} is not a directory")
     if tb_dir is not None and tb_dir.is_dir():
         scalars = read_tb_scalars(tb_dir)
-        found.alarms = alarms_from_scalars(scalars[LOSS_TAG], scalars[LOSS_SCALE_TAG], found.cfg.train.min_loss_scale)
+        found.alarms = fatal_alarms(scalars[LOSS_TAG], scalars[LOSS_SCALE_TAG], found.cfg.train.min_loss_scale)
     return found
 
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Sequence
 
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+from hpc_agent.slurm.sinfo import (PARTITION_FORMAT, Partition, gpus_in_gres, gres_of,  # noqa: F401
+                                  partitions_argv, select)
+from hpc_agent.slurm.sinfo import parse_partitions as parse_sinfo  # noqa: F401 (doctor's old name)
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
-SINFO_FORMAT = "%P|%D|%c|%m|%G|%a"
+SINFO_FORMAT = PARTITION_FORMAT
 
 
 @dataclass
@@ -32,46 +34,6 @@ class Check:
 
     def line(self) -> str:
         return f"{self.level:<4}  {self.name}: {self.detail}"
-
-
-@dataclass
-class Partition:
-    name: str
-    default: bool
-    nodes: int
-    cpus: str
-    mem_mb: str
-    gres: str
-    avail: str
-
-    @property
-    def gpus(self) -> int:
-        return gpus_in_gres(self.gres)
-
-
-def gpus_in_gres(gres: str) -> int:
-    """GPUs per node in a sinfo ``%G`` value: ``gpu:a100:4(S:0-1),gpu:2`` -> 6; ``(null)`` -> 0."""
-    total = 0
-    for item in re.sub(r"\([^)]*\)", "", gres or "").split(","):
-        parts = item.strip().split(":")
-        if parts[0] != "gpu":
-            continue
-        count = parts[-1] if len(parts) > 1 else "1"
-        total += int(count) if count.isdigit() else 1
-    return total
-
-
-def parse_sinfo(text: str) -> List[Partition]:
-    """Lines of ``sinfo --noheader --format "%P|%D|%c|%m|%G|%a"``; a default partition ends in ``*``."""
-    parts: List[Partition] = []
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split("|")]
-        if len(fields) < 6 or not fields[0]:
-            continue
-        name, nodes, cpus, mem, gres, avail = fields[:6]
-        parts.append(Partition(name.rstrip("*"), name.endswith("*"), int(nodes) if nodes.isdigit() else 0,
-                               cpus, mem, gres, avail))
-    return parts
 
 
 def partition_table(parts: Sequence[Partition]) -> List[str]:
@@ -116,7 +78,7 @@ def check_slurm(cli: SlurmCLI) -> tuple[List[Check], Optional[List[Partition]]]:
     checks: List[Check] = []
     parts: Optional[List[Partition]] = None
     try:
-        out = cli.run(["sinfo", "--noheader", "--format", SINFO_FORMAT], timeout_s=15).stdout
+        out = cli.run(partitions_argv(), timeout_s=15).stdout
         parts = parse_sinfo(out)
         checks.append(Check(OK if parts else FAIL, "slurm", f"sinfo answers, {len(parts)} partition(s)"
                             if parts else "sinfo answers but lists no partitions"))
@@ -163,8 +125,7 @@ def check_sbatch(cli: SlurmCLI, cfg: Any, parts: Optional[List[Partition]]) -> L
     except SlurmError as exc:
         checks.append(Check(FAIL, "sbatch --test-only", str(exc)))
     if s.gpus_per_node and parts is not None:
-        target = next((p for p in parts if p.name == s.partition), None) if s.partition else \
-            next((p for p in parts if p.default), None)
+        target = next(iter(select(parts, s.partition)), None)
         if target is not None and target.gpus == 0:
             checks.append(Check(FAIL, "gpus", f"slurm.gpus_per_node={s.gpus_per_node} but partition "
                                               f"{target.name} has no GPU gres"))
@@ -228,10 +189,7 @@ def check_environment() -> List[Check]:
 
 def target_gres(cfg: Any, parts: Optional[Sequence[Partition]]) -> str:
     """The gres of the partition the config asks for (the default one when it names none)."""
-    for p in parts or []:
-        if (cfg.slurm.partition and p.name == cfg.slurm.partition) or (not cfg.slurm.partition and p.default):
-            return p.gres
-    return ""
+    return gres_of(parts or [], cfg.slurm.partition)
 
 
 def check_memory(cfg: Any, gpu_bytes: Optional[int], gres: str = "") -> List[Check]:

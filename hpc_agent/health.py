@@ -30,9 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-EXIT_GPU_CRITICAL = 82
-"""Exit status of a job whose health check found a CRITICAL GPU (same number as
-``hpc_agent.diagnosis.exit_codes.EXIT_GPU_HEALTH_CRITICAL`` -> ``gpu_hw_error``)."""
+# Exit status of a job whose health check found a CRITICAL GPU (the exit-code table's entry -> gpu_hw_error).
+from hpc_agent.diagnosis.exit_codes import EXIT_GPU_HEALTH_CRITICAL as EXIT_GPU_CRITICAL  # noqa: F401
 
 OK, WARN, CRITICAL, NO_GPU = "OK", "WARN", "CRITICAL", "NO_GPU"
 _RANK = {OK: 0, WARN: 1, CRITICAL: 2, NO_GPU: 3}

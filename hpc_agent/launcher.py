@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping
 
 from omegaconf import OmegaConf
 
+from hpc_agent import rundir
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import Config
 from hpc_agent.paths import code_root, templates_dir
@@ -148,7 +149,7 @@ def render_job_script(cfg: Config, run_id: str, run_dir: Path, config_path: Path
     """
     from submitit.slurm.slurm import _make_sbatch_string
 
-    folder = run_dir / "slurm"
+    folder = rundir.slurm_dir(run_dir)
     params = slurm_parameters(cfg, run_id, run_dir, config_path, load_template(cfg.slurm.template))
     command = " ".join([python or sys.executable, "-u -m submitit.core._submit", shlex.quote(str(folder))])
     return _make_sbatch_string(command=command, folder=folder, **params)

@@ -1,4 +1,5 @@
-"""The ledger: SQLite in WAL mode, the source of truth for runs and their submissions.
+"""The ledger: SQLite (WAL on local disks, DELETE journal on network filesystems), the source of truth for
+runs, their submissions, decisions, the effect journal and the watcher lease.
 
 The intent to submit is recorded *before* sbatch runs and the job id right after, so a crash between
 the two leaves an intent without a job id. The watcher reconciles such rows with sacct using the run
@@ -12,7 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 import json
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from hpc_agent.lifecycle import Effect, Event, Phase
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -57,6 +61,41 @@ CREATE TABLE IF NOT EXISTS expedites (
     attempt  INTEGER NOT NULL,
     at       REAL NOT NULL,
     PRIMARY KEY(job_id, attempt)
+);
+-- The effect journal (hpc_agent/journal.py): what a decision asks to be done, written in the decision's
+-- transaction, carried out afterwards and marked done; a pending row is carried out on the next tick.
+CREATE TABLE IF NOT EXISTS effects (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id           TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    job_id           TEXT NOT NULL,
+    args             TEXT NOT NULL DEFAULT '{}',
+    after_submission INTEGER NOT NULL DEFAULT 0,
+    created_at       REAL NOT NULL,
+    status           TEXT NOT NULL DEFAULT 'pending',
+    tries            INTEGER NOT NULL DEFAULT 0,
+    done_at          REAL,
+    result           TEXT
+);
+CREATE INDEX IF NOT EXISTS effects_status ON effects(status, run_id);
+-- The audit trail; events.jsonl is written from it (each line carries its seq, so a crash between the
+-- append and the mark never writes a line twice) and can be rebuilt from it.
+CREATE TABLE IF NOT EXISTS audit (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id   TEXT NOT NULL,
+    at       REAL NOT NULL,
+    record   TEXT NOT NULL,
+    written  INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS audit_unwritten ON audit(written, run_id);
+-- One watcher per runs root: a lease with a heartbeat (hpc_agent/journal.py WatcherLease).
+CREATE TABLE IF NOT EXISTS watcher_lease (
+    one        INTEGER PRIMARY KEY CHECK (one = 1),
+    holder     TEXT NOT NULL,
+    host       TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    heartbeat  REAL NOT NULL,
+    ttl        REAL NOT NULL
 );
 """
 
@@ -108,8 +147,14 @@ class Ledger:
         self.clock = clock
         # isolation_level=None: autocommit; each statement is its own transaction unless we open one.
         self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        # WAL only on a local file system: its -shm index is shared memory, which NFS/Lustre/GPFS do not
+        # share between hosts. ``journal_mode`` says which mode was chosen and why (watch prints it).
+        from hpc_agent.fsutil import sqlite_journal_mode
+
+        mode, why = sqlite_journal_mode(self.path.parent)
+        self.db.execute(f"PRAGMA journal_mode={mode}")
+        self.db.execute("PRAGMA synchronous=NORMAL" if mode == "WAL" else "PRAGMA synchronous=FULL")
+        self.journal_mode = (mode, why)
         self.db.executescript(SCHEMA)
 
     @classmethod
@@ -149,9 +194,21 @@ class Ledger:
         self.db.execute("UPDATE submissions SET error = ? WHERE id = ?", (error, submission_id))
 
     def runs(self, phases: Optional[List[str]] = None) -> List[Run]:
-        rows = [Run(*row) for row in self.db.execute(
-            "SELECT run_id, name, run_dir, created_at, phase FROM runs ORDER BY created_at, run_id")]
-        return [r for r in rows if phases is None or r.phase in phases]
+        where = "" if phases is None else f" WHERE phase IN ({','.join('?' * len(phases))})"
+        return [Run(*row) for row in self.db.execute(
+            f"SELECT run_id, name, run_dir, created_at, phase FROM runs{where} ORDER BY created_at, run_id",
+            list(phases or ()))]
+
+    def open_intents(self, phases: List[str]) -> List[Tuple[Run, Submission]]:
+        """Runs in these phases whose newest submission is an intent without a job id and without an error
+        (its submitter died between the intent and the job id, or is still in sbatch). One query."""
+        marks = ",".join("?" * len(phases))
+        rows = self.db.execute(
+            "SELECT r.run_id, r.name, r.run_dir, r.created_at, r.phase, s.id, s.run_id, s.executor, s.config_path, "
+            "s.reason, s.intent_at, s.job_id, s.submitted_at, s.error FROM runs r JOIN submissions s ON s.id = "
+            "(SELECT MAX(id) FROM submissions WHERE run_id = r.run_id) "
+            f"WHERE r.phase IN ({marks}) AND s.job_id IS NULL AND s.error IS NULL ORDER BY r.created_at", phases)
+        return [(Run(*row[:5]), Submission(*row[5:])) for row in rows]
 
     def run(self, run_id: str) -> Optional[Run]:
         row = self.db.execute("SELECT run_id, name, run_dir, created_at, phase FROM runs WHERE run_id = ?",
@@ -159,7 +216,31 @@ class Ledger:
         return Run(*row) if row else None
 
     def set_phase(self, run_id: str, phase: str) -> None:
+        """Low level: write a phase. Callers outside the ledger use :meth:`advance`, which goes through the
+        one state machine (``lifecycle.transition``)."""
         self.db.execute("UPDATE runs SET phase = ?, updated_at = ? WHERE run_id = ?", (phase, self.clock(), run_id))
+
+    def replace_phase(self, run_id: str, expected: str, phase: str) -> bool:
+        """Write ``phase`` only if the run is still in ``expected`` (another writer, such as a sweep driver
+        cancelling the run, wins a race instead of being overwritten). For the effect journal, whose core
+        already went through ``lifecycle.transition``."""
+        cur = self.db.execute("UPDATE runs SET phase = ?, updated_at = ? WHERE run_id = ? AND phase = ?",
+                              (phase, self.clock(), run_id, expected))
+        return cur.rowcount == 1
+
+    def advance(self, run_id: str, event: "Event") -> "Tuple[Phase, Tuple[Effect, ...]]":
+        """Move a run along the lifecycle: its current phase plus ``event`` -> the next phase (written) and
+        the effects the caller must carry out. Raises ``InvalidTransition`` for an edge that does not exist."""
+        from hpc_agent.lifecycle import Phase, transition
+
+        run = self.run(run_id)
+        if run is None:
+            raise KeyError(f"no run {run_id!r} in {self.path}")
+        phase = Phase(run.phase)
+        new_phase, effects = transition(phase, event)
+        if new_phase is not phase:
+            self.set_phase(run_id, new_phase.value)
+        return new_phase, effects
 
     def latest_submission(self, run_id: str) -> Optional[Submission]:
         subs = self.submissions(run_id)
@@ -202,6 +283,26 @@ class Ledger:
     def expedited(self, job_id: str, attempt: int) -> bool:
         return self.db.execute("SELECT 1 FROM expedites WHERE job_id = ? AND attempt = ?",
                                (str(job_id), attempt)).fetchone() is not None
+
+    def followed_jobs(self, phases: List[str]) -> List[Tuple[str, str, Optional[str]]]:
+        """``(run id, phase, newest job id)`` of every run in these phases, oldest run first: one query,
+        plain tuples (a tick over ten thousand runs builds no object for a run that needs nothing)."""
+        marks = ",".join("?" * len(phases))
+        return self.db.execute(
+            "SELECT r.run_id, r.phase, s.job_id FROM runs r JOIN submissions s ON s.id = "
+            f"(SELECT MAX(id) FROM submissions WHERE run_id = r.run_id) WHERE r.phase IN ({marks}) "
+            "ORDER BY r.created_at, r.run_id", phases).fetchall()
+
+    def attempt_marks(self, phases: List[str]) -> Tuple[Dict[str, set], Dict[str, set]]:
+        """(decided, expedited): attempt indexes per job id, for the jobs of runs in these phases."""
+        marks = ",".join("?" * len(phases))
+        jobs = f"SELECT job_id FROM submissions WHERE run_id IN (SELECT run_id FROM runs WHERE phase IN ({marks}))"
+        out: Tuple[Dict[str, set], Dict[str, set]] = ({}, {})
+        for table, into in (("decisions", out[0]), ("expedites", out[1])):
+            for job_id, attempt in self.db.execute(f"SELECT job_id, attempt FROM {table} WHERE job_id IN ({jobs})",
+                                                   phases):
+                into.setdefault(job_id, set()).add(attempt)
+        return out
 
     def submissions(self, run_id: str) -> List[Submission]:
         return [Submission(*row) for row in self.db.execute(

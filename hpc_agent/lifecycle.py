@@ -24,9 +24,13 @@ class Phase(str, Enum):
     RECOVERING = "recovering"  # an attempt ended; the decided action is being carried out
     COMPLETED = "completed"    # terminal: training finished
     STOPPED = "stopped"        # terminal: gave up, cancelled, or a code error
+    NEEDS_ATTENTION = "needs_attention"  # the watcher could not follow this run (unreadable files, a bug);
+    #                                      parked with the reason in its audit trail until a person resumes it
 
 
 TERMINAL = frozenset({Phase.COMPLETED, Phase.STOPPED})
+# Phases the watcher follows every tick (a parked run is neither followed nor finished).
+FOLLOWED = frozenset(p for p in Phase if p not in TERMINAL and p is not Phase.NEEDS_ATTENTION)
 
 
 class EventKind(str, Enum):
@@ -40,6 +44,9 @@ class EventKind(str, Enum):
     ENDED = "ended"                    # an attempt ended; ``action`` says what the policy decided
     RECOVERED = "recovered"            # the action took effect (requeued / resubmitted)
     ACTION_FAILED = "action_failed"    # the action's Slurm command failed; retried next tick
+    CANCELLED = "cancelled"            # we cancelled it on purpose (a pruned sweep trial): never requeue
+    UNFOLLOWABLE = "unfollowable"      # observing or deciding this run failed; park it, follow the others
+    RESUMED = "resumed"                # a person cleared needs_attention (``watch --resume-run``)
 
 
 class Action(str, Enum):
@@ -101,7 +108,18 @@ EDGES: Dict[Tuple[Phase, EventKind, Optional[Action]], Phase] = {
     (Phase.RECOVERING, EventKind.STARTED, None): Phase.RUNNING,  # a requeued job started before we looked
     (Phase.RECOVERING, EventKind.QUEUED, None): Phase.RECOVERING,
     (Phase.RECOVERING, EventKind.ENDED, Action.STOP): Phase.STOPPED,  # e.g. budget spent while retrying
+    (Phase.NEEDS_ATTENTION, EventKind.RESUMED, None): Phase.PENDING,  # the next tick looks at sacct afresh
 }
+# A run whose job id is recorded but whose phase still says submitting (submit died between the two
+# writes) is followed like a pending one.
+for (_event, _action), _to in list({(k[1], k[2]): v for k, v in EDGES.items() if k[0] is Phase.PENDING}.items()):
+    EDGES.setdefault((Phase.SUBMITTING, _event, _action), _to)
+EDGES[(Phase.RECOVERING, EventKind.SUBMITTED, None)] = Phase.PENDING  # the resubmission's sbatch answered
+for _live in (Phase.SUBMITTING, Phase.PENDING, Phase.RUNNING, Phase.RECOVERING):
+    EDGES[(_live, EventKind.CANCELLED, None)] = Phase.STOPPED
+    EDGES[(_live, EventKind.UNFOLLOWABLE, None)] = Phase.NEEDS_ATTENTION
+EDGES[(Phase.NEEDS_ATTENTION, EventKind.UNFOLLOWABLE, None)] = Phase.NEEDS_ATTENTION
+EDGES[(Phase.NEEDS_ATTENTION, EventKind.CANCELLED, None)] = Phase.STOPPED  # e.g. a parked sweep trial pruned
 
 
 def _effects(phase: Phase, event: Event, new_phase: Phase) -> Tuple[Effect, ...]:
@@ -119,6 +137,8 @@ def _effects(phase: Phase, event: Event, new_phase: Phase) -> Tuple[Effect, ...]
         return (record, Effect(EFFECT_NOTIFY, event.job_id, {"phase": new_phase.value, **event.detail}))
     if event.kind is EventKind.ACTION_FAILED:
         return (Effect(EFFECT_RECORD, event.job_id, {"action": "retry_later", **event.detail}),)
+    if event.kind is EventKind.UNFOLLOWABLE and phase is not Phase.NEEDS_ATTENTION:
+        return (Effect(EFFECT_NOTIFY, event.job_id, {"phase": new_phase.value, **event.detail}),)
     if new_phase in TERMINAL and phase not in TERMINAL:
         return (Effect(EFFECT_NOTIFY, event.job_id, {"phase": new_phase.value, **event.detail}),)
     return ()

@@ -42,7 +42,8 @@ CUDA context (outside that peak), temporary buffers and allocator fragmentation 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from types import SimpleNamespace
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 GPT_VOCAB = 256
 ZERO3_SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's default stage3 sub_group_size
@@ -204,31 +205,6 @@ def estimate_with_patch(cfg: Any, patch: Dict[str, Any]) -> Estimate:
                     vocab=GPT_VOCAB, reduce_bucket_size=t.reduce_bucket_size)
 
 
-def _candidates(cfg: Any) -> List[Tuple[Dict[str, Any], str]]:
-    t = cfg.train
-    out: List[Tuple[Dict[str, Any], str]] = []
-    mb, accum = t.micro_batch_size, t.grad_accum_steps
-    while mb % 2 == 0 and mb > 1:
-        mb, accum = mb // 2, accum * 2
-        out.append(({"train.micro_batch_size": mb, "train.grad_accum_steps": accum},
-                    f"micro-batch {t.micro_batch_size} -> {mb}, grad accumulation {t.grad_accum_steps} -> {accum} "
-                    "(same global batch)"))
-    if not t.activation_checkpointing:
-        out.append(({"train.activation_checkpointing": True}, "turn on activation checkpointing"))
-    for stage in range(t.zero_stage + 1, 4):
-        out.append(({"train.zero_stage": stage}, f"ZeRO stage {t.zero_stage} -> {stage}"))
-    if t.offload == "none":
-        stage = max(2, t.zero_stage)
-        patch: Dict[str, Any] = {"train.offload": "optimizer"}
-        if stage != t.zero_stage:
-            patch["train.zero_stage"] = stage
-        out.append((patch, f"offload the optimizer to host memory (ZeRO {stage})"))
-    if t.offload != "optimizer+params":
-        out.append(({"train.offload": "optimizer+params", "train.zero_stage": 3},
-                    "offload optimizer and parameters to host memory (ZeRO 3)"))
-    return out
-
-
 def format_bytes(n: float) -> str:
     """``48.44 GiB``; below 1 GiB in MiB (``7.28 MiB``), so small models and simulated GPUs stay readable."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
@@ -243,43 +219,102 @@ def describe_patch(train: Any, patch: Dict[str, Any]) -> str:
                      for k, v in patch.items())
 
 
-def _combined(cfg: Any) -> List[Dict[str, Any]]:
-    """Changes taken together, cheapest first: micro-batch halvings (accumulation doubled), then
-    activation checkpointing, higher ZeRO stages, optimizer offload, parameter offload."""
-    t = cfg.train
-    out: List[Dict[str, Any]] = []
-    patch: Dict[str, Any] = {}
-    mb, accum = t.micro_batch_size, t.grad_accum_steps
-    while mb % 2 == 0 and mb > 1:
-        mb, accum = mb // 2, accum * 2
-        patch = {**patch, "train.micro_batch_size": mb, "train.grad_accum_steps": accum}
-        out.append(patch)
-    if not t.activation_checkpointing:
-        patch = {**patch, "train.activation_checkpointing": True}
-        out.append(patch)
-    for stage in range(t.zero_stage + 1, 4):
-        patch = {**patch, "train.zero_stage": stage}
-        out.append(patch)
-    if t.offload == "none":
-        patch = {**patch, "train.offload": "optimizer", "train.zero_stage": max(2, patch.get("train.zero_stage", t.zero_stage))}
-        out.append(patch)
-    if t.offload != "optimizer+params":
-        out.append({**patch, "train.offload": "optimizer+params", "train.zero_stage": 3})
-    return out
+# --- THE OOM ladder ---------------------------------------------------------------------------------
+# One ladder for every place that trades memory: submit's preflight advice (hpc_agent.preflight), the
+# watcher's and diagnose's next rung after a GPU OOM (hpc_agent.policy.decide) and anything else that asks.
+
+GPU_HEADROOM = 0.9
+"""Share of a GPU's capacity an estimate may use: it leaves out the CUDA context, temporary buffers and
+fragmentation (preflight warns above it; a ladder rung must fit under it)."""
+
+Rung = Tuple[Dict[str, Any], str]
 
 
-def cheapest_fit(cfg: Any, capacity_bytes: int) -> Optional[Tuple[Dict[str, Any], str]]:
-    """The first single change, in the order micro-batch halving (accumulation doubled) -> activation
-    checkpointing -> next ZeRO stage(s) -> optimizer offload (-> parameter offload), whose estimate fits
-    in ``capacity_bytes``, as ``(dotted-key patch, description)``; failing that, the first combination of
-    them, taken together in the same order. ``({}, ...)`` if the config already fits,
-    None if nothing does."""
-    if estimate_from_config(cfg).total_bytes <= capacity_bytes:
-        return {}, "fits as is"
-    for patch, what in _candidates(cfg):
-        if estimate_with_patch(cfg, patch).total_bytes <= capacity_bytes:
-            return patch, what
-    for patch in _combined(cfg):  # no single change is enough: the same changes taken together
-        if estimate_with_patch(cfg, patch).total_bytes <= capacity_bytes:
-            return patch, describe_patch(cfg.train, patch)
+def _smallest_factor(n: int) -> int:
+    return next(p for p in range(2, n + 1) if n % p == 0)
+
+
+def gpu_oom_rung(train: Any, ranks: int, offload_allowed: bool = True) -> Optional[Rung]:
+    """The next rung of the GPU memory ladder from ``train`` (the global batch is kept), as
+    ``(dotted-key patch, description)``, or None when the ladder is exhausted. The order: micro-batch
+    down by its smallest factor (accumulation up by the same), activation checkpointing, the next ZeRO
+    stage (only with more than one rank: one rank has nothing to shard over), optimizer offload (ZeRO-2
+    at least), parameter offload (ZeRO-3). ``offload_allowed=False`` (host memory already ran out)
+    ends the ladder before the offload rungs."""
+    mbs, accum = train.micro_batch_size, train.grad_accum_steps
+    if mbs > 1:
+        p = _smallest_factor(mbs)  # halves an even size; an odd one loses its smallest factor, exactly
+        return ({"train.micro_batch_size": mbs // p, "train.grad_accum_steps": accum * p},
+                f"micro_batch_size {mbs} -> {mbs // p}, grad_accum_steps {accum} -> {accum * p} (same global batch)")
+    if not train.activation_checkpointing:
+        return {"train.activation_checkpointing": True}, "turn on activation checkpointing (~1/3 more compute)"
+    if ranks > 1 and train.zero_stage < 3:
+        return ({"train.zero_stage": train.zero_stage + 1},
+                f"ZeRO stage {train.zero_stage} -> {train.zero_stage + 1} (shard more state across {ranks} ranks)")
+    if offload_allowed and train.offload == "none":
+        stage = max(2, train.zero_stage)
+        return ({"train.offload": "optimizer", "train.zero_stage": stage},
+                f"offload the optimizer state to CPU memory (ZeRO-{stage})")
+    if offload_allowed and train.offload == "optimizer":
+        return {"train.offload": "optimizer+params", "train.zero_stage": 3}, "offload parameters too (ZeRO-3)"
     return None
+
+
+def train_after(train: Any, patch: Mapping[str, Any]) -> SimpleNamespace:
+    """The ladder's view of ``train`` with a dotted-key patch applied (the five fields it reads)."""
+    fields = ("micro_batch_size", "grad_accum_steps", "activation_checkpointing", "zero_stage", "offload")
+    state = {f: getattr(train, f) for f in fields}
+    state.update({k.split(".", 1)[1]: v for k, v in patch.items() if k.startswith("train.")})
+    return SimpleNamespace(**state)
+
+
+def ladder_fit(cfg: Any, budget_bytes: float, ranks: Optional[int] = None, offload_allowed: bool = True,
+               scale: float = 1.0) -> Optional[Tuple[Dict[str, Any], str, float, int]]:
+    """Climb the ladder from ``cfg``, the rungs taken together, up to the first whose estimate (times
+    ``scale``) is at most ``budget_bytes``: ``(patch, description, estimated bytes, rungs climbed)``;
+    None when no rung fits (the gpt workload only: the estimate covers no other)."""
+    ranks = _ranks(cfg) if ranks is None else ranks
+    patch: Dict[str, Any] = {}
+    whats: List[str] = []
+    while (rung := gpu_oom_rung(train_after(cfg.train, patch), ranks, offload_allowed)) is not None:
+        patch.update(rung[0])
+        whats.append(rung[1])
+        need = estimate_with_patch(cfg, patch).total_bytes * scale
+        if need <= budget_bytes:
+            return dict(patch), whats[0] if len(whats) == 1 else describe_patch(cfg.train, patch), need, len(whats)
+    return None
+
+
+def cheapest_fit(cfg: Any, budget_bytes: float, offload_allowed: bool = True) -> Optional[Rung]:
+    """What submit's preflight proposes: ``({}, "fits as is")`` when the estimate is within
+    ``budget_bytes``, else the first ladder patch that fits (:func:`ladder_fit`), None if none does."""
+    if estimate_from_config(cfg).total_bytes <= budget_bytes:
+        return {}, "fits as is"
+    fit = ladder_fit(cfg, budget_bytes, offload_allowed=offload_allowed)
+    return None if fit is None else (fit[0], fit[1])
+
+
+def gpu_oom_fit(cfg: Any, ranks: int, offload_allowed: bool, capacity_bytes: Optional[int],
+                headroom: float = GPU_HEADROOM) -> Optional[Rung]:
+    """The next step after a GPU out-of-memory failure (what ``policy.decide`` proposes): the ladder's
+    rungs taken together up to the first whose estimate fits ``headroom`` of the GPU.
+
+    Without a known capacity, or for a workload the estimator does not cover, this is the next rung
+    alone (:func:`gpu_oom_rung`). The estimate is calibrated on the failure: the config that ran out of
+    memory needed more than the GPU has, so when its estimate is lower than the capacity every estimate
+    is scaled up by capacity / estimate (when it is higher, as in preflight's refusals, the scale is 1
+    and the patch is preflight's). If no rung fits by the estimate, the next rung alone is tried (the
+    estimate may be pessimistic) and the reason says so.
+    """
+    step = gpu_oom_rung(cfg.train, ranks, offload_allowed)
+    if step is None or not capacity_bytes or cfg.train.workload != "gpt":
+        return step
+    scale = max(1.0, capacity_bytes / max(estimate_from_config(cfg).total_bytes, 1))
+    fit = ladder_fit(cfg, capacity_bytes * headroom, ranks, offload_allowed, scale)
+    if fit is None:
+        return step[0], (f"{step[1]} (no rung fits {format_bytes(capacity_bytes)} by the memory estimate; trying "
+                         "the next one)")
+    patch, what, need, climbed = fit
+    skipped = f"; skipped {climbed - 1} rung(s) that would not fit" if climbed > 1 else ""
+    return patch, (f"{what} (estimate {format_bytes(need)} <= {headroom:.0%} of the GPU's "
+                   f"{format_bytes(capacity_bytes)}{skipped})")

@@ -23,12 +23,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from hpc_agent.config.load import build_config, to_dict
-from hpc_agent.config.schema import Config, TrainConfig
+from hpc_agent.config.schema import Config
 from hpc_agent.diagnosis.causes import Cause
+# THE OOM ladder lives in hpc_agent.memory; re-exported here for the policy's callers.
+from hpc_agent.memory import GPU_HEADROOM, gpu_oom_fit, gpu_oom_rung  # noqa: F401
+from hpc_agent.memory import train_after as _train_after  # noqa: F401
 from hpc_agent.slurm.sacct import expand_hostlist
 
 WAIT, DONE, REQUEUE, RESUBMIT, STOP = "wait", "done", "requeue", "resubmit", "stop"
@@ -81,7 +83,7 @@ class PolicyLimits:
     mem_factor: float = 1.5
     lr_factor: float = 0.5
     no_progress_attempts: int = 2
-    gpu_headroom: float = 0.9
+    gpu_headroom: float = GPU_HEADROOM
     """Share of the GPU's capacity an OOM-ladder rung's estimate may use: the estimate leaves out the CUDA
     context, temporary buffers and fragmentation."""
 
@@ -130,76 +132,6 @@ def merge_exclude(existing: Optional[str], nodes: Sequence[str]) -> Optional[str
     """``slurm.exclude`` plus ``nodes``, without duplicates (a ``node[1-3]`` already there is expanded)."""
     merged = dict.fromkeys(expand_hostlist(existing or "") + [n for n in nodes if n])
     return ",".join(merged) or None
-
-
-def _smallest_factor(n: int) -> int:
-    return next(p for p in range(2, n + 1) if n % p == 0)
-
-
-def gpu_oom_rung(train: TrainConfig, ranks: int, offload_allowed: bool = True) -> Optional[Tuple[Dict[str, Any], str]]:
-    """The next rung of the GPU memory ladder (the global batch is kept), or None when it is exhausted."""
-    mbs, accum = train.micro_batch_size, train.grad_accum_steps
-    if mbs > 1:
-        p = _smallest_factor(mbs)  # halves an even size; an odd one loses its smallest factor, exactly
-        return ({"train.micro_batch_size": mbs // p, "train.grad_accum_steps": accum * p},
-                f"micro_batch_size {mbs} -> {mbs // p}, grad_accum_steps {accum} -> {accum * p} (same global batch)")
-    if not train.activation_checkpointing:
-        return {"train.activation_checkpointing": True}, "turn on activation checkpointing (~1/3 more compute)"
-    # ZeRO shards states across data-parallel ranks: with one rank there is nothing to shard over.
-    if ranks > 1 and train.zero_stage < 3:
-        return ({"train.zero_stage": train.zero_stage + 1},
-                f"ZeRO stage {train.zero_stage} -> {train.zero_stage + 1} (shard more state across {ranks} ranks)")
-    if offload_allowed and train.offload == "none":
-        stage = max(2, train.zero_stage)
-        return ({"train.offload": "optimizer", "train.zero_stage": stage},
-                f"offload the optimizer state to CPU memory (ZeRO-{stage})")
-    if offload_allowed and train.offload == "optimizer":
-        return ({"train.offload": "optimizer+params", "train.zero_stage": 3},
-                "offload parameters too (ZeRO-3)")
-    return None
-
-
-def _train_after(train: Any, patch: Mapping[str, Any]) -> SimpleNamespace:
-    fields = ("micro_batch_size", "grad_accum_steps", "activation_checkpointing", "zero_stage", "offload")
-    state = {f: getattr(train, f) for f in fields}
-    state.update({k.split(".", 1)[1]: v for k, v in patch.items() if k.startswith("train.")})
-    return SimpleNamespace(**state)
-
-
-def gpu_oom_fit(cfg: Config, ranks: int, offload_allowed: bool, capacity_bytes: Optional[int],
-                headroom: float = 0.9) -> Optional[Tuple[Dict[str, Any], str]]:
-    """The ladder's rungs taken together up to the first whose memory estimate fits the GPU.
-
-    Without a known capacity, or for a workload the estimator does not cover, this is the next rung
-    alone (:func:`gpu_oom_rung`). The estimate is calibrated on the failure: the config that ran out of
-    memory needed more than the GPU has, so when its estimate is lower than the capacity every estimate
-    is scaled up by capacity / estimate. If no rung fits by the estimate, the next rung alone is tried
-    (the estimate may be pessimistic) and the reason says so.
-    """
-    from hpc_agent.memory import describe_patch, estimate_from_config, estimate_with_patch, format_bytes
-
-    step = gpu_oom_rung(cfg.train, ranks, offload_allowed)
-    if step is None or not capacity_bytes or cfg.train.workload != "gpt":
-        return step
-    now = estimate_from_config(cfg).total_bytes
-    scale = max(1.0, capacity_bytes / max(now, 1))
-    budget = capacity_bytes * headroom
-    patch: Dict[str, Any] = {}
-    whats = []
-    while True:
-        rung = gpu_oom_rung(_train_after(cfg.train, patch), ranks, offload_allowed)
-        if rung is None:
-            one, what = step
-            return one, (f"{what} (no rung fits {format_bytes(capacity_bytes)} by the memory estimate; trying the "
-                         "next one)")
-        patch.update(rung[0])
-        whats.append(rung[1])
-        need = estimate_with_patch(cfg, patch).total_bytes * scale
-        if need <= budget:
-            skipped = f"; skipped {len(whats) - 1} rung(s) that would not fit" if len(whats) > 1 else ""
-            what = whats[0] if len(whats) == 1 else describe_patch(cfg.train, patch)
-            return patch, (f"{what} (estimate {format_bytes(need)} <= {headroom:.0%} of the GPU's "
-                           f"{format_bytes(capacity_bytes)}{skipped})")
 
 
 def _host_oom_fix(cfg: Config, limits: PolicyLimits, offload_allowed: bool) -> Optional[Tuple[Dict[str, Any], str]]:
@@ -324,6 +256,9 @@ def decide(cause: str | Cause, history: Sequence[PastAttempt], cfg: Config, situ
         return Decision(STOP, c, "code error: requeueing would fail the same way; fix it and resubmit")
     if cause == Cause.CANCELLED:
         return Decision(STOP, c, "cancelled by a person: not requeued")
+    if cause == Cause.RUN_DIR_BUSY:
+        return Decision(STOP, c, "run directory busy: another live job trains in it; a requeue would be refused "
+                                 "the same way (two attempts would overwrite each other's checkpoints)")
     if cause == Cause.ENV_ERROR:
         return Decision(STOP, c, "environment problem: every retry in this environment would fail the same way; "
                                  "run the fix in the evidence, then resubmit")

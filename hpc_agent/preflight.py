@@ -8,20 +8,15 @@ buffers and fragmentation.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-GIB = 2**30
-HEADROOM = 0.9
+from hpc_agent.memory import GPU_HEADROOM
+# gres parsing has one home, hpc_agent.slurm.sinfo; these names stay importable from here.
+from hpc_agent.slurm.sinfo import GRES_FORMAT, KNOWN_GPU_GIB, gpu_gib_from_gres, partition_gres  # noqa: F401
 
-# Memory per GPU of common GRES type names, where the name settles it. Names that exist in two sizes
-# (a100: 40/80 GB, v100: 16/32 GB) are left out on purpose: a guess could refuse a job that fits or
-# let one through that does not. Sites name such types with the size (a100_80g), which is parsed.
-KNOWN_GPU_GIB: Dict[str, float] = {
-    "h200": 141, "gh200": 96, "h100": 80, "h800": 80, "l40s": 48, "l40": 48, "a40": 48, "a6000": 48,
-    "a30": 24, "a10": 24, "l4": 24, "t4": 15,
-}
+GIB = 2**30
+HEADROOM = GPU_HEADROOM
 
 OK, WARN, REFUSE, SKIP = "ok", "warn", "refuse", "skip"
 
@@ -38,38 +33,6 @@ class MemoryVerdict:
         return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.fix.items()]
 
 
-def gpu_gib_from_gres(gres: str) -> Optional[float]:
-    """GiB of one GPU from a gres string (``gpu:h100:8``, ``gpu:a100_80g:4(S:0-1)``); None when unknown."""
-    sizes = []
-    for item in re.sub(r"\([^)]*\)", "", gres or "").split(","):
-        parts = item.strip().split(":")
-        if len(parts) < 3 or parts[0] != "gpu":  # gpu:<count> names no type
-            continue
-        kind = parts[1].lower()
-        size = re.search(r"(\d+)\s*g", kind.split("_", 1)[-1] if "_" in kind else kind.split("-", 1)[-1])
-        if size and ("_" in kind or "-" in kind):
-            sizes.append(float(size.group(1)))
-        elif kind in KNOWN_GPU_GIB:
-            sizes.append(KNOWN_GPU_GIB[kind])
-        else:
-            return None  # one unknown type: the smallest GPU of the partition is unknown
-    return min(sizes) if sizes else None
-
-
-def partition_gres(sinfo_text: str, partition: Optional[str]) -> str:
-    """The gres of ``partition`` (the default one, marked ``*``, when None) from ``sinfo -h -o '%P|%G'``."""
-    found = []
-    for line in sinfo_text.splitlines():
-        if "|" not in line:
-            continue
-        name, gres = line.split("|", 1)
-        default = name.endswith("*")
-        name = name.rstrip("*")
-        if (partition and name == partition) or (not partition and default):
-            found.append(gres.strip())
-    return ",".join(g for g in found if g and g != "(null)")
-
-
 def gpu_capacity(cfg: Any, gres: str) -> Tuple[Optional[int], str]:
     """Bytes of one GPU and where the number comes from: the config first, then the partition's gres type."""
     if cfg.slurm.gpu_memory_gib:
@@ -80,9 +43,12 @@ def gpu_capacity(cfg: Any, gres: str) -> Tuple[Optional[int], str]:
     return None, ""
 
 
-def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "") -> MemoryVerdict:
-    """Compare the estimate with one GPU's memory; see the module docstring."""
-    from hpc_agent.memory import cheapest_fit, estimate_from_config, format_bytes
+def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "", offload_allowed: bool = True) -> MemoryVerdict:
+    """Compare the estimate with one GPU's memory; see the module docstring. A refusal's fix is the first
+    patch on THE OOM ladder (:func:`hpc_agent.memory.ladder_fit`) that fits ``HEADROOM`` of the GPU: the
+    same patch the watcher would propose if the job ran out of memory there (``offload_allowed=False``:
+    host memory is short too, as after a host OOM)."""
+    from hpc_agent.memory import estimate_from_config, format_bytes, ladder_fit
 
     if not cfg.slurm.gpus_per_node:
         return MemoryVerdict(SKIP, "CPU job (slurm.gpus_per_node=0): no GPU memory to check")
@@ -98,12 +64,12 @@ def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "") -> Memor
     if need <= capacity:
         return MemoryVerdict(WARN, f"memory estimate {format_bytes(need)} is within {1 - HEADROOM:.0%} of {where}: "
                                    "the CUDA context and fragmentation may not fit")
-    fit = cheapest_fit(cfg, int(capacity * HEADROOM))
+    fit = ladder_fit(cfg, capacity * HEADROOM, offload_allowed=offload_allowed)
     if fit is None:
-        return MemoryVerdict(REFUSE, f"memory estimate {format_bytes(need)} does not fit in {where}, and no single "
-                                     "change (micro-batch, activation checkpointing, ZeRO stage, offload) makes it "
-                                     "fit: shrink the model or use more or larger GPUs")
-    patch, what = fit
+        return MemoryVerdict(REFUSE, f"memory estimate {format_bytes(need)} does not fit in {where}, and no rung "
+                                     "of the OOM ladder (micro-batch, activation checkpointing, ZeRO stage, offload) "
+                                     "makes it fit: shrink the model or use more or larger GPUs")
+    patch, what = fit[0], fit[1]
     return MemoryVerdict(REFUSE, f"memory estimate {format_bytes(need)} does not fit in {where}; cheapest change "
                                  f"that fits: {what}", dict(patch))
 
@@ -123,4 +89,6 @@ def render(verdict: MemoryVerdict, forced: bool) -> List[str]:
 
 
 def sinfo_argv() -> Sequence[str]:
-    return ["sinfo", "-h", "-o", "%P|%G"]
+    from hpc_agent.slurm.sinfo import partitions_argv
+
+    return partitions_argv(GRES_FORMAT)

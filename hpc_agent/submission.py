@@ -10,14 +10,17 @@ import datetime as _dt
 import json
 import os
 import signal
+from contextlib import nullcontext
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
+from hpc_agent import rundir
 from hpc_agent.config.load import to_yaml
 from hpc_agent.config.schema import Config
 from hpc_agent.fsutil import atomic_write_json, atomic_write_text
 from hpc_agent.launcher import job_name_for, make_executor
 from hpc_agent.ledger import Ledger
+from hpc_agent.lifecycle import Event, EventKind
 
 CRASH_ENV = "HPC_AGENT_CRASH_AT"  # tests only: SIGKILL ourselves at a named point (after_intent, after_submit)
 
@@ -29,43 +32,87 @@ def crash_point(name: str) -> None:
 
 
 def log_paths(run_dir: Path, job_id: str, ranks: int) -> List[Path]:
-    return [run_dir / "slurm" / f"{job_id}_{rank}_log.out" for rank in range(ranks)]
+    return rundir.log_paths(run_dir, job_id, ranks)
 
 
-def write_config(run_dir: Path, cfg: Config, name: str = "config.yaml") -> Path:
-    path = run_dir / name
+def write_config(run_dir: Path, cfg: Config, name: str = rundir.CONFIG) -> Path:
+    path = Path(run_dir) / name
     atomic_write_text(path, to_yaml(cfg))
     return path
 
 
+class SubmittedButIncomplete(RuntimeError):
+    """sbatch accepted the job, but a step after it failed (the ledger, ``run.json``).
+
+    Never a reason to stop the run: Slurm has a live job. ``recorded`` says whether the ledger holds its job
+    id (then the run is ``pending``); if not, the intent stays without one and the watcher's reconciliation
+    finds the job by its name (``hpc_agent:<run id>``). Either way the watcher follows it."""
+
+    def __init__(self, job, step: str, cause: BaseException, recorded: bool):
+        self.job, self.job_id, self.step, self.cause, self.recorded = job, str(job.job_id), step, cause, recorded
+        super().__init__(f"job {self.job_id} was submitted, but {step} failed afterwards: {cause}")
+
+
+def record_job(ledger: Ledger, submission_id: int, run_id: str, job_id: str) -> None:
+    """The job id and the phase change it causes, in one transaction (a kill in between leaves neither)."""
+    in_tx = getattr(getattr(ledger, "db", None), "in_transaction", False)
+    with (nullcontext() if in_tx else ledger.transaction()):
+        ledger.record_submitted(submission_id, job_id)
+        ledger.advance(run_id, Event(EventKind.SUBMITTED, job_id))  # a first submission or a resubmission
+
+
 def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, config_path: Path, kind: str,
                    reason: str):
-    """Record the intent, submit ``TrainingJob`` through submitit, record the job id; returns the submitit job."""
+    """Record the intent, submit ``TrainingJob`` through submitit, record the job id; returns the submitit job.
+
+    An exception from sbatch (no job id) propagates as is; any failure after sbatch accepted the job raises
+    :class:`SubmittedButIncomplete`, which carries the job: the caller must not stop the run."""
     from hpc_agent.job import TrainingJob
 
     submission_id = ledger.record_intent(run_id, kind, str(config_path), reason=reason)
     crash_point("after_intent")
     try:
-        executor = make_executor(kind, run_dir / "slurm", cfg, run_id, run_dir, config_path)
+        executor = make_executor(kind, rundir.slurm_dir(run_dir), cfg, run_id, run_dir, config_path)
         job = executor.submit(TrainingJob(run_dir, config_path))
     except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
         ledger.record_failed(submission_id, str(exc))
         raise
     crash_point("after_submit")
-    ledger.record_submitted(submission_id, job.job_id)
-    ledger.set_phase(run_id, "pending")
-    update_run_json(run_dir, run_id, kind, job.job_id, config_path, cfg)
+    try:
+        record_job(ledger, submission_id, run_id, job.job_id)
+    except Exception as exc:  # noqa: BLE001 - the job is in Slurm whatever went wrong here
+        try:  # at least the job id, so that nothing can mistake the intent for one that never reached Slurm
+            ledger.record_submitted(submission_id, job.job_id)
+            recorded = True
+        except Exception:  # noqa: BLE001 - the ledger is unusable; reconciliation by name finds the job
+            recorded = False
+        raise SubmittedButIncomplete(job, "recording it in the ledger", exc, recorded) from exc
+    try:
+        update_run_json(run_dir, run_id, kind, job.job_id, config_path, cfg)
+    except Exception as exc:  # noqa: BLE001 - run.json is for people and review; the ledger has the truth
+        raise SubmittedButIncomplete(job, f"writing {rundir.RUN_JSON}", exc, recorded=True) from exc
     return job
 
 
+def read_run_json(run_dir: Path) -> Dict[str, Any]:
+    """``run.json`` as a dict ({} if absent). The job can write its run dir, so: bounded, regular file only."""
+    path = rundir.run_json_path(run_dir)
+    if not path.exists() and not path.is_symlink():
+        return {}
+    info = json.loads(rundir.read_bounded(path, rundir.JSON_MAX_BYTES))
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} holds {type(info).__name__}, not an object")
+    return info
+
+
 def update_run_json(run_dir: Path, run_id: str, kind: str, job_id: str, config_path: Path, cfg: Config) -> None:
-    path = run_dir / "run.json"
-    info = json.loads(path.read_text()) if path.exists() else {}
+    run_dir = Path(run_dir)
+    info = read_run_json(run_dir)
     ranks = cfg.slurm.tasks_per_node * (cfg.slurm.nodes if kind == "slurm" else 1)
     info.update({
         "run_id": run_id, "job_name": job_name_for(run_id), "executor": kind,
         "job_ids": info.get("job_ids", []) + [job_id], "config": str(config_path),
-        "logs": [str(p) for p in log_paths(run_dir, job_id, ranks)], "tensorboard": str(run_dir / "tb"),
+        "logs": [str(p) for p in log_paths(run_dir, job_id, ranks)], "tensorboard": str(rundir.tb_dir(run_dir)),
         "updated_at": _dt.datetime.now().isoformat(timespec="seconds"),
     })
-    atomic_write_json(path, info)
+    atomic_write_json(rundir.run_json_path(run_dir), info)

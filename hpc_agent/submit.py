@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hpc_agent import rundir
 from hpc_agent.config.load import load_config, to_yaml
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.launcher import EXECUTORS, local_parameters, make_run_id, render_job_script
+from hpc_agent.launcher import EXECUTORS, job_name_for, local_parameters, make_run_id, render_job_script
 from hpc_agent.preflight import (REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, partition_gres, render,
                                  sinfo_argv)
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
@@ -96,6 +97,13 @@ def _wait(executor_kind: str, job, job_id: str, timeout_s: float) -> str:
     return state
 
 
+def _warn(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - stderr gone too: the ledger still holds what the user needs
+        pass
+
+
 def check_memory(cfg, kind: str) -> MemoryVerdict:
     """The pre-flight memory verdict; asks sinfo for the partition's GPU type only when it needs to."""
     gres = ""
@@ -128,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_WONT_FIT
     runs_root = Path(cfg.run.runs_root).expanduser().resolve()
     run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now())
-    config_path = run_dir / "config.yaml"
+    config_path = rundir.config_path(run_dir)
 
     if args.dry_run:
         try:
@@ -148,30 +156,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     from hpc_agent.ledger import Ledger
-    from hpc_agent.submission import log_paths, submit_attempt, write_config
+    from hpc_agent.lifecycle import Event, EventKind
+    from hpc_agent.submission import SubmittedButIncomplete, log_paths, submit_attempt, write_config
 
     run_dir.mkdir(parents=True)
-    (run_dir / "tb").mkdir()
-    (run_dir / "checkpoints").mkdir()
+    rundir.tb_dir(run_dir).mkdir()
+    rundir.checkpoints_dir(run_dir).mkdir()
     write_config(run_dir, cfg)
     ledger = Ledger.in_runs_root(runs_root)
     ledger.add_run(run_id, cfg.run.name, str(run_dir))
+    watch_cmd = f"python -m hpc_agent.watch --runs-root {runs_root}"
     try:
         job = submit_attempt(ledger, run_id, run_dir, cfg, config_path, kind, reason="submit")
-    except Exception as exc:  # sbatch refused: say why, keep the run dir and the ledger row for the record
-        ledger.set_phase(run_id, "stopped")
-        print(f"Submission failed: {exc}", file=sys.stderr)
+    except SubmittedButIncomplete as exc:
+        # Slurm has a live job: never stop the run, or nobody would follow it. Say which job, and who follows it.
+        job = exc.job
+        where = ("the ledger has its job id" if exc.recorded
+                 else f"the watcher finds it in Slurm by its name {job_name_for(run_id)}")
+        _warn(f"warning: {exc}\n"
+              f"Job {exc.job_id} is submitted and the run {run_id} stays followed ({where}): "
+              f"`{watch_cmd}` will follow it.")
+    except Exception as exc:  # sbatch refused (no job id): say why, keep the run dir and the ledger row
+        try:
+            ledger.advance(run_id, Event(EventKind.SUBMIT_FAILED))
+        except Exception as inner:  # noqa: BLE001 - the ledger itself failed; the refusal is still the news
+            _warn(f"(could not mark the run stopped in the ledger: {inner})")
+        _warn(f"Submission failed: {exc}")
         return EXIT_SUBMIT_FAILED
     finally:
         ledger.close()
     job_id = job.job_id
     logs = log_paths(run_dir, job_id, cfg.slurm.tasks_per_node * (cfg.slurm.nodes if kind == "slurm" else 1))
-    print(f"run id:       {run_id}")
-    print(f"run dir:      {run_dir}")
-    print(f"job id:       {job_id} ({kind})")
-    print(f"logs:         {logs[0]}" + (f" (+{len(logs) - 1} more ranks)" if len(logs) > 1 else ""))
-    print(f"tensorboard:  tensorboard --logdir {run_dir / 'tb'}")
-    print(f"next:         python -m hpc_agent.watch --runs-root {runs_root}   # follow and repair this run")
+    try:
+        print(f"run id:       {run_id}")
+        print(f"run dir:      {run_dir}")
+        print(f"job id:       {job_id} ({kind})")
+        print(f"logs:         {logs[0]}" + (f" (+{len(logs) - 1} more ranks)" if len(logs) > 1 else ""))
+        print(f"tensorboard:  tensorboard --logdir {rundir.tb_dir(run_dir)}")
+        print(f"next:         {watch_cmd}   # follow and repair this run", flush=True)
+    except Exception as exc:  # noqa: BLE001 - e.g. a closed pipe: the job is submitted all the same
+        _warn(f"warning: printing the summary failed ({exc!r}); job {job_id} (run {run_id}) is submitted and "
+              f"followed: `{watch_cmd}` will follow it.")
+        return 0
 
     if not args.wait:
         return 0
@@ -179,8 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = _wait(kind, job, job_id, args.wait_timeout)
     print(f"job {job_id} finished: {state}")
     if logs[0].exists():
-        tail = logs[0].read_text(errors="replace").splitlines()[-10:]
-        print("log tail:\n  " + "\n  ".join(tail))
+        try:
+            tail = rundir.read_tail(logs[0], 64 << 10)[0].splitlines()[-10:]
+            print("log tail:\n  " + "\n  ".join(tail))
+        except OSError as exc:  # the job can make its log a FIFO or a link: not read
+            print(f"log tail: not read ({exc})")
     if state == "COMPLETED":
         return 0
     if kind == "slurm":  # not just an exit code: why it ended and what to do (python -m hpc_agent.diagnose)

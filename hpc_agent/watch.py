@@ -1,12 +1,15 @@
 """python -m hpc_agent.watch [--once] [--dry-run] [--interval S] [--runs-root DIR] [--pause | --resume]
+                            [--resume-run RUN_ID] [--rebuild-events RUN_ID] [--lease-ttl S] [--wait-for-lease]
 
 Follows every run in the runs root's ledger. Each tick makes one batched ``sacct -D`` call for all
 live jobs, diagnoses attempts that ended, and requeues, expedites or resubmits them with a config
 adjusted to the cause; every decision goes to the ledger and the run's ``events.jsonl``.
 
-It runs in the foreground, stops cleanly on SIGTERM/SIGINT (after the current tick), and holds a
-single-instance lock on ``<runs root>/watch.lock``. ``--pause`` creates ``<runs root>/watch.paused``:
-every watcher stops acting within one tick until ``--resume`` removes it.
+It runs in the foreground, stops cleanly on SIGTERM/SIGINT (after the current tick), and holds the runs
+root's watcher lease in the ledger (a heartbeat every tick): a second watcher exits with code 3 naming the
+holder, or with ``--wait-for-lease`` waits until the lease expires and takes over. ``--pause`` creates
+``<runs root>/watch.paused``: every watcher stops acting within one tick until ``--resume`` removes it.
+A run the watcher could not follow is parked in ``needs_attention``; ``--resume-run RUN_ID`` puts it back.
 """
 from __future__ import annotations
 
@@ -19,10 +22,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hpc_agent.config.load import RUNS_ENV
-from hpc_agent.fsutil import hold_lock
-from hpc_agent.ledger import Ledger
+from hpc_agent.ledger import LEDGER_FILE, Ledger
 from hpc_agent.policy import PolicyLimits
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+from hpc_agent.slurm.sinfo import max_node_memory_mb, node_memory_argv
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -34,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hpc_agent.watch",
         description="Follow runs, diagnose ended attempts and requeue or resubmit them with an adjusted config.",
-        epilog="Keep it running on a login node with a systemd user unit or scrontab (see README).")
+        epilog="Keep it running on a login node with a systemd user unit or scrontab (see docs/watcher.md).")
     parser.add_argument("--runs-root", default=os.environ.get(RUNS_ENV, "./runs"),
                         help=f"runs root holding ledger.sqlite (default: ${RUNS_ENV} or ./runs)")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between ticks (default 5)")
@@ -43,20 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--executor", choices=("slurm", "local"), default="slurm",
                         help="how resubmissions are launched (default slurm)")
     parser.add_argument("--max-ticks", type=int, default=0, help="stop after N ticks (0: run until stopped)")
+    parser.add_argument("--lease-ttl", type=float, default=60.0,
+                        help="seconds without a heartbeat after which another watcher may take over (default 60)")
+    parser.add_argument("--wait-for-lease", action="store_true",
+                        help="if another watcher holds the runs root, wait for its lease to expire instead of exiting")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--pause", action="store_true", help="kill switch: make every watcher stop acting, then exit")
     group.add_argument("--resume", action="store_true", help="lift --pause, then exit")
+    group.add_argument("--resume-run", metavar="RUN_ID", help="follow a run parked in needs_attention again, then exit")
+    group.add_argument("--rebuild-events", metavar="RUN_ID",
+                       help="rewrite the run's events.jsonl from the ledger's audit journal, then exit")
     return parser
 
 
 def largest_node_memory_mb(slurm: SlurmCLI) -> Optional[int]:
     """The most ``--mem`` any node can give (sinfo's RealMemory); None if Slurm does not say."""
     try:
-        out = slurm.run(["sinfo", "--noheader", "--format", "%m"], check=False).stdout
+        return max_node_memory_mb(slurm.run(node_memory_argv(), check=False).stdout)
     except SlurmError:
         return None
-    sizes = [int(tok.rstrip("+")) for tok in out.split() if tok.rstrip("+").isdigit()]
-    return max(sizes) if sizes else None
 
 
 class _Stop:
@@ -89,45 +97,109 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.interval <= 0:
         print("--interval must be positive", file=sys.stderr)
         return EXIT_USAGE
-    if not (runs_root / "ledger.sqlite").exists():
-        print(f"no ledger at {runs_root / 'ledger.sqlite'} yet: submit a run first, or pass --runs-root", file=sys.stderr)
-        if args.once:
-            return EXIT_OK
+    if not (runs_root / LEDGER_FILE).exists():
+        print(f"no ledger at {runs_root / LEDGER_FILE} yet: submit a run first, or pass --runs-root", file=sys.stderr)
+        if args.once or args.resume_run or args.rebuild_events:
+            return EXIT_OK if args.once else EXIT_USAGE
         runs_root.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger.in_runs_root(runs_root)
+    try:
+        if args.resume_run or args.rebuild_events:
+            return _one_run_command(ledger, args)
+        return _watch(ledger, runs_root, pause_file, args)
+    finally:
+        ledger.close()
 
-    # One watcher per runs root: two would both act on the same ended attempt.
-    lock = hold_lock(runs_root / "watch.lock")
-    if lock is None:
-        print(f"another watcher holds {runs_root / 'watch.lock'}; exiting", file=sys.stderr)
-        return EXIT_LOCKED
 
+def _one_run_command(ledger: Ledger, args: argparse.Namespace) -> int:
+    from hpc_agent.journal import Journal
+    from hpc_agent.lifecycle import Event, EventKind, InvalidTransition
+
+    run_id = args.resume_run or args.rebuild_events
+    run = ledger.run(run_id)
+    if run is None:
+        print(f"no run {run_id!r} in {ledger.path}", file=sys.stderr)
+        return EXIT_USAGE
+    journal = Journal(ledger)
+    if args.rebuild_events:
+        n = journal.rebuild_events(run_id, Path(run.run_dir), lambda at: time.strftime("%Y-%m-%dT%H:%M:%S",
+                                                                                        time.localtime(at)))
+        print(f"{run_id}: events.jsonl rewritten from the journal ({n} records)")
+        return EXIT_OK
+    try:
+        with ledger.transaction():
+            ledger.advance(run_id, Event(EventKind.RESUMED))
+            journal.add_audit(run_id, {"action": "resumed", "reason": "a person cleared needs_attention"})
+    except InvalidTransition:
+        print(f"{run_id} is {run.phase}, not needs_attention: nothing to resume", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{run_id}: followed again from the next tick")
+    return EXIT_OK
+
+
+def _take_lease(lease, args: argparse.Namespace, stop: "_Stop") -> bool:
+    holder = lease.acquire()
+    while holder is not None:
+        age = lease.ledger.clock() - holder["heartbeat"]
+        left = holder["heartbeat"] + holder["ttl"] - lease.ledger.clock()
+        text = (f"another watcher follows this runs root: {holder['host']} pid {holder['pid']}, heartbeat "
+                f"{age:.0f} s ago; its lease expires in {max(0.0, left):.0f} s unless it renews it")
+        if not args.wait_for_lease:
+            print(f"{text}. Exiting (use --wait-for-lease to take over when it expires).", file=sys.stderr)
+            return False
+        print(f"[watch] {text}; waiting", flush=True)
+        _sleep(min(max(left, 1.0), 10.0), stop)
+        if stop.requested:
+            return False
+        holder = lease.acquire()
+    return True
+
+
+def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Namespace) -> int:
+    from hpc_agent.journal import LeaseLost, WatcherLease
     from hpc_agent.watcher import Watcher
 
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    ledger = Ledger.in_runs_root(runs_root)
+    lease = None if args.dry_run else WatcherLease(ledger, ttl_s=args.lease_ttl)
+    if lease is not None and not _take_lease(lease, args, stop):
+        return EXIT_LOCKED
     slurm = SlurmCLI(timeout_s=60)
     watcher = Watcher(ledger, slurm, runs_root=runs_root, dry_run=args.dry_run, executor=args.executor,
-                      pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)))
-    print(f"[watch] following {runs_root} every {args.interval:g} s"
-          + (" (dry run: acting on nothing)" if args.dry_run else ""), flush=True)
-    if not watcher.paused():
-        watcher.reconcile()
-    backoff = args.interval
-    ticks = 0
-    while not stop.requested:
-        report = watcher.tick()
-        ticks += 1
-        sys.stdout.flush()
-        if args.once or (args.max_ticks and ticks >= args.max_ticks):
-            break
-        # Back off while Slurm does not answer (never hammer a struggling slurmctld), reset when it does.
-        backoff = min(backoff * 2, MAX_BACKOFF_S) if report.unknown else args.interval
-        _sleep(backoff, stop)
+                      pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)), lease=lease)
+    print(f"[watch] following {runs_root} every {args.interval:g} s; ledger journal {ledger.journal_mode[0]} "
+          f"({ledger.journal_mode[1]})" + (" (dry run: acting on nothing)" if args.dry_run else ""), flush=True)
+    try:
+        if not watcher.paused():
+            watcher.reconcile()
+        backoff, ticks = args.interval, 0
+        while not stop.requested:
+            report = watcher.tick()
+            ticks += 1
+            sys.stdout.flush()
+            if args.once or (args.max_ticks and ticks >= args.max_ticks):
+                break
+            # Back off while Slurm does not answer (never hammer a struggling slurmctld), reset when it does.
+            backoff = min(backoff * 2, MAX_BACKOFF_S) if report.unknown else args.interval
+            _sleep_renewing(backoff, stop, lease)
+    except LeaseLost as exc:
+        print(f"[watch] {exc}", file=sys.stderr, flush=True)
+        return EXIT_LOCKED
+    if lease is not None:
+        lease.release()
     print("[watch] stopped", flush=True)
-    ledger.close()
     return EXIT_OK
+
+
+def _sleep_renewing(seconds: float, stop: "_Stop", lease) -> None:
+    """Sleep, renewing the lease at least every third of its TTL (a long --interval must not lose it)."""
+    step = seconds if lease is None else max(0.5, min(seconds, lease.ttl_s / 3))
+    deadline = time.monotonic() + seconds
+    while not stop.requested and time.monotonic() < deadline:
+        _sleep(min(step, deadline - time.monotonic()), stop)
+        if lease is not None and not stop.requested and time.monotonic() < deadline:
+            lease.renew()
 
 
 if __name__ == "__main__":

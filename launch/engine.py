@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from hpc_agent import rundir
 from launch import checkpoint, exitcodes, universal
 from launch.distributed import Collectives, DistEnv
 from launch.dsconfig import build_ds_config
@@ -89,10 +90,10 @@ class Trainer:
         self.rank, self.world = denv.rank, denv.world_size
         self.device = torch.device("cuda", denv.local_rank) if on_cuda else torch.device("cpu")
         self.coll = Collectives(self.device)
-        self.ckpt_root = self.run_dir / "checkpoints"
+        self.ckpt_root = rundir.checkpoints_dir(self.run_dir)
         self.layout = universal.layout_of(self.t, self.world, precision)
         self.G = self.t.micro_batch_size * self.t.grad_accum_steps * self.world
-        self.faults = Faults(cfg.faults, self.t.micro_batch_size, self.rank, attempt_number(self.run_dir / "tb"))
+        self.faults = Faults(cfg.faults, self.t.micro_batch_size, self.rank, attempt_number(rundir.tb_dir(self.run_dir)))
         # The check is a collective, so its schedule must be the same on every rank: with the simulated
         # fault it runs every step everywhere, while only rank 0 reads the simulated GPU.
         simulated = cfg.faults.gpu_critical_at_step if self.faults.armed else 0

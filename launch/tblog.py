@@ -18,6 +18,8 @@ import resource
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
+from hpc_agent import rundir
+
 EVENT_GLOB = "events.out.tfevents.*"
 
 
@@ -49,7 +51,7 @@ class TBLog:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        tb_dir = Path(run_dir) / "tb"
+        tb_dir = rundir.tb_dir(run_dir)
         self.attempt = attempt_number(tb_dir, environ)
         tb_dir.mkdir(parents=True, exist_ok=True)
         self.writer = SummaryWriter(str(tb_dir), purge_step=self.first_step,

@@ -85,9 +85,29 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
     if denv.rank == 0:
         say(note)
 
+    # One live attempt per run directory (launch/lease.py): before anything is written into it.
+    from launch import lease as run_lease
+
+    device = torch.device("cuda", denv.local_rank) if on_cuda else torch.device("cpu")
+    refused, lease = run_lease.take(Path(run_dir), denv.rank, distributed.Collectives(device).broadcast_object,
+                                    stop, say)
+    if refused is not None:
+        distributed.shutdown()  # every rank got the same answer: a clean teardown cannot hang
+        return refused
+    try:
+        return _run(cfg, run_dir, denv, on_cuda, precision, stop, to_yaml(cfg))
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _run(cfg, run_dir: str, denv, on_cuda: bool, precision: str, stop: StopRequest, config_text: str) -> int:
+    import torch
+
+    from launch import distributed
     from launch.engine import Trainer
 
-    trainer = Trainer(cfg, Path(run_dir), denv, on_cuda, precision, stop, to_yaml(cfg))
+    trainer = Trainer(cfg, Path(run_dir), denv, on_cuda, precision, stop, config_text)
     phase = "start-up"
     try:
         code = trainer.setup()

@@ -1,13 +1,17 @@
 """Recovery latency (P1): preemption -> first resumed training step, with the watcher vs Slurm's requeue alone.
 
-    python scripts/bench_recovery.py [--trials 5] [--interval 1] [--out results/bench_recovery.json]
+    python scripts/bench_recovery.py [--trials 5] [--native-trials N] [--reuse-native OLD.json] [--interval 1]
+                                     [--out results/bench_recovery.json]
 
 Needs the localhost Slurm (bash scripts/cluster.sh up) and nothing else running on it (hold
 /tmp/hpc_slurm.lock). Each trial submits a fresh 2-node run to the preemptable partition, waits until it
 trains, submits a 2 s job to the high partition that needs every CPU, and times from that submission to
 the first step logged by the resumed attempt. "native" relies on Slurm's own requeue (eligible again
 121 s later); "watcher" runs ``python -m hpc_agent.watch``, which expedites the requeued job. Both modes
-run in the same session, alternating, so the ratio is measured under the same load.
+run in the same session, alternating, so the ratio is measured under the same load. A native trial takes
+~130 s: ``--native-trials N`` runs native only in the first N rounds, and ``--reuse-native OLD.json`` adds
+the native trials of an earlier results file to the native figures (marked ``reused_from`` in the JSON;
+the summary then says how many trials are fresh and how many reused).
 
 Where the time goes: every trial also records a timeline of milestones, from slurmctld's log
 (millisecond timestamps: preemption, allocation of the preempting job, its end, the expedite, the
@@ -157,6 +161,17 @@ def summarise(values: List[float]) -> Dict[str, float]:
             "trials": len(values)}
 
 
+def reused_trials(old: Dict[str, object], mode: str, source: str) -> List[Dict[str, object]]:
+    """The trials of one mode from an earlier results file, each marked with where it came from."""
+    return [dict(t, reused_from=source) for t in old.get("trials", []) if t.get("mode") == mode
+            and not t.get("reused_from")]
+
+
+def rounds(trials: int, modes: Sequence[str], native_trials: int) -> List[Tuple[int, str]]:
+    """(trial index, mode) in run order: modes alternate per round; native only in its first rounds."""
+    return [(i, m) for i in range(trials) for m in modes if m != "native" or i < native_trials]
+
+
 # --- the measurement (imperative shell) ------------------------------------------------------------------
 class FirstSeen:
     """Polls text sources and records the first time (our clock) each named regex matched in them."""
@@ -241,28 +256,57 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=5, help="preemptions per mode (default 5)")
     parser.add_argument("--interval", type=float, default=1.0, help="the watcher's --interval (default 1 s)")
     parser.add_argument("--modes", default="watcher,native", help="comma-separated modes (default watcher,native)")
+    parser.add_argument("--native-trials", type=int, default=None,
+                        help="native trials to run (default: --trials); they go in the first rounds")
+    parser.add_argument("--reuse-native", default=None,
+                        help="an earlier results JSON whose native trials are added to the native figures")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_recovery.json"))
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    native_trials = args.trials if args.native_trials is None else args.native_trials
+    reused: List[Dict[str, object]] = []
+    if args.reuse_native:
+        old = json.loads(Path(args.reuse_native).read_text())
+        reused = reused_trials(old, "native", f"{args.reuse_native} ({old.get('when', '?')})")
+        if "native" not in modes:
+            modes.append("native")
     results = []
-    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
-        for i in range(args.trials):
-            for mode in modes:
-                results.append(trial(mode, i, Path(tmp), args.interval))
+    t_start = time.time()
+    partial = Path(tempfile.gettempdir()) / "bench_recovery.partial.jsonl"
+    partial.unlink(missing_ok=True)
+    # a cancelled job may still be writing its log while the directory is removed: not an error
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-", ignore_cleanup_errors=True) as tmp:
+        for i, mode in rounds(args.trials, modes, native_trials):
+            results.append(trial(mode, i, Path(tmp), args.interval))
+            with open(partial, "a") as handle:  # a crash later in the session keeps the trials done so far
+                handle.write(json.dumps(results[-1]) + "\n")
+    wall_s = round(time.time() - t_start, 1)
+    fresh = list(results)
+    results += reused
     summary: Dict[str, object] = {}
     for mode in modes:
-        summary[mode] = summarise([r["latency_s"] for r in results if r["mode"] == mode])
+        values = [r["latency_s"] for r in results if r["mode"] == mode]
+        if not values:
+            continue
+        summary[mode] = summarise(values)
+        summary[mode]["fresh_trials"] = sum(1 for r in fresh if r["mode"] == mode)
+        summary[mode]["reused_trials"] = len(values) - summary[mode]["fresh_trials"]
+        if summary[mode]["fresh_trials"] and summary[mode]["reused_trials"]:
+            summary[mode]["fresh_median_s"] = round(statistics.median(
+                r["latency_s"] for r in fresh if r["mode"] == mode), 2)
     if "watcher" in summary and "native" in summary:
         summary["speedup_native_over_watcher"] = round(summary["native"]["median_s"] / summary["watcher"]["median_s"], 1)
     out = {"benchmark": "recovery latency (preemption -> first resumed step)",
            "clock": "starts when the preempting job is submitted, stops when the resumed attempt's first step is logged",
            "watcher_interval_s": args.interval, "summary": summary,
-           "median_time_to_milestone_s": {m: segment_medians(results, m) for m in modes},
-           "median_segments": {m: median_segments(results, m) for m in modes},
-           "milestones": dict(MILESTONES), "trials": results, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+           "median_time_to_milestone_s": {m: segment_medians(results, m) for m in summary if m in modes},
+           "median_segments": {m: median_segments(results, m) for m in summary if m in modes},
+           "milestones": dict(MILESTONES), "trials": results, "bench_wall_s": wall_s,
+           "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     from hpc_agent.fsutil import atomic_write_json
 
     atomic_write_json(Path(args.out), out)
+    partial.unlink(missing_ok=True)
     print(json.dumps({"summary": summary, "median_time_to_milestone_s": out["median_time_to_milestone_s"]}, indent=2))
     return 0
 

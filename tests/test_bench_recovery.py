@@ -86,3 +86,15 @@ def test_median_segments_use_only_milestones_every_trial_of_the_mode_has():
     assert bench.median_segments(trials, "watcher") == [
         {"from": "preemptor_submitted", "to": "first_step_seen", "median_s": 11.0, "min_s": 10.0, "max_s": 12.0}]
     assert bench.median_segments(trials, "native") == []
+
+
+def test_rounds_alternate_modes_and_run_native_only_in_its_first_rounds():
+    assert bench.rounds(3, ["watcher", "native"], 1) == [(0, "watcher"), (0, "native"), (1, "watcher"), (2, "watcher")]
+    assert bench.rounds(2, ["watcher", "native"], 2) == [(0, "watcher"), (0, "native"), (1, "watcher"), (1, "native")]
+
+
+def test_reused_trials_keep_one_mode_and_say_where_they_came_from():
+    old = {"trials": [{"mode": "native", "latency_s": 130.0}, {"mode": "watcher", "latency_s": 12.0},
+                      {"mode": "native", "latency_s": 129.0, "reused_from": "older.json"}]}
+    assert bench.reused_trials(old, "native", "old.json") == [
+        {"mode": "native", "latency_s": 130.0, "reused_from": "old.json"}]  # not reused twice over

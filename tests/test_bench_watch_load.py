@@ -34,15 +34,20 @@ def test_per_tick_summary_takes_medians_and_the_largest_call_count():
 
 
 def test_counting_client_counts_by_command_and_answers_every_id(monkeypatch):
-    class FakeCLI:
-        def sacct(self, ids, fields, all_attempts):
-            return "|".join(fields) + "\n"
+    from tests.helpers.fake_slurm import FakeSlurm
 
-        def run(self, argv, check=True, timeout_s=None):
-            return argv
-
-    client = bench.CountingSlurm(FakeCLI())
+    slurm = FakeSlurm()  # knows none of the ids: the real batched query answers just the header
+    client = bench.CountingSlurm(slurm)
     text = client.sacct(["1", "2"])
     client.run(["squeue", "--noheader"])
-    assert dict(client.calls) == {"sacct": 1, "squeue": 1}
+    assert dict(client.calls) == {"sacct": 1, "squeue": 1} == dict(slurm.counts)
     assert text.count("\n") == 1 + 2 * 3  # header, then allocation + batch + step for each running job
+
+
+def test_growth_is_the_ratio_of_cpu_per_run_between_two_sizes():
+    summary = {"1000": {"watcher_cpu_ms_median": 10.0}, "10000": {"watcher_cpu_ms_median": 110.0}}
+    g = bench.growth(summary, 1000, 10000)
+    assert g["ratio"] == 1.1 and g["at_most_linear"] is True
+    assert g["cpu_ms_per_run"] == {"1000": 0.01, "10000": 0.011}
+    summary["10000"]["watcher_cpu_ms_median"] = 200.0  # twice the per-run cost: superlinear
+    assert bench.growth(summary, 1000, 10000)["at_most_linear"] is False

@@ -224,7 +224,7 @@ def test_alarms_loss_scale_stuck():
 def test_every_cause_has_words():
     assert ALL_CAUSES == ("completed", "running", "pending", "preempted", "timeout", "node_fail", "host_oom", "gpu_oom",
                           "nccl_error", "gpu_hw_error", "diverged", "cancelled", "code_error", "env_error",
-                          "unknown")
+                          "run_dir_busy", "unknown")
     assert set(SUMMARY) == set(ADVICE) == set(ALL_CAUSES)
     assert f"{Cause.GPU_OOM}" == "gpu_oom"
 
@@ -288,7 +288,7 @@ def test_split_attempts_of_a_truncated_tail(truncated, pieces, last_has_preempti
 
 
 def test_tail_log_marks_a_cut_file(tmp_path):
-    from hpc_agent.diagnose import tail_log
+    from hpc_agent.rundir import tail_log
 
     path = tmp_path / "1_0_log.out"
     path.write_text("a" * 100 + "\n" + APPENDED_TAIL + "\n")

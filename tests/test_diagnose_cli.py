@@ -16,9 +16,9 @@ import pytest
 
 from hpc_agent import diagnose
 from hpc_agent.diagnosis.causes import ALL_CAUSES
-from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import SACCT_FIELDS
 from tests.conftest import run_cli
+from tests.helpers.fake_slurm import FakeSlurm
 
 DATA = Path(__file__).resolve().parent / "data"
 SACCT = DATA / "sacct"
@@ -135,6 +135,8 @@ CASES = [
     # Recorded on the localhost cluster: HPC_AGENT_OPS_DIR pointed at an empty directory.
     Case("env-unprepared-deepspeed-op-exit-72", "env_unprepared_op.txt", "env_error",
          ["env_unprepared_op_4_0_log.out"], ["environment problem", "-m hpc_agent.prepare"], action="stop"),
+    Case("run-dir-busy-exit-73", "run_dir_busy.txt", "run_dir_busy", ["run_dir_busy_182_0_log.out"],
+         ["run directory busy", "job 179"], action="stop"),
     Case("env-exit-72-without-log", "env_unprepared_op.txt", "env_error", [], ["exit code 72"], action="stop"),
     Case("env-missing-top-level-package", "failed.txt", "env_error", ["env_missing_package.log"],
          ["No module named 'lightgbm'"], action="stop"),
@@ -281,18 +283,19 @@ def test_tb_nan_before_a_restart_is_history(tmp_path, capsys):
 
 
 # --- live mode: JOBID through SlurmCLI, logs and config found via the run directory ----------------------------
-class FakeSlurm:
-    calls: List[tuple] = []
+def failed_job_111(monkeypatch) -> FakeSlurm:
+    """The canonical FakeSlurm in place of SlurmCLI, holding job 111 whose training step failed with exit 1."""
+    import hpc_agent.slurm.cli as cli
 
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def sacct(self, job_ids, fields=(), all_attempts=True):
-        FakeSlurm.calls.append((list(job_ids), tuple(fields), all_attempts))
-        return (SACCT / "failed.txt").read_text()
-
-    def run(self, argv, check=True, timeout_s=None):
-        raise AssertionError("scontrol is not needed when the run directory is found")
+    slurm = FakeSlurm(first_job_id=111, extern_step=True)
+    job = slurm.submit("hpc_agent:gpt-20261130-130000")
+    slurm.start(job)
+    slurm.step(job, "python")
+    slurm.advance(147)
+    slurm.end_step(job, "0", "FAILED", "1:0")
+    slurm.fail(job, 1)
+    monkeypatch.setattr(cli, "SlurmCLI", lambda *args, **kwargs: slurm)
+    return slurm
 
 
 def make_run_dir(root: Path, run_id: str, overrides: str = "") -> Path:
@@ -304,15 +307,13 @@ def make_run_dir(root: Path, run_id: str, overrides: str = "") -> Path:
 
 
 def test_live_job_id_reads_sacct_logs_and_config(tmp_path, capsys, monkeypatch):
-    import hpc_agent.slurm.cli as cli
-
-    monkeypatch.setattr(cli, "SlurmCLI", FakeSlurm)
-    FakeSlurm.calls = []
+    slurm = failed_job_111(monkeypatch)
     root = tmp_path / "runs"
     run_dir = make_run_dir(root, "gpt-20261130-130000")
     (run_dir / "slurm" / "111_0_log.out").write_text((LOGS / "gpu_oom_111_0_log.out").read_text())
     report = run_json(capsys, "111", "--runs-root", str(root))
-    assert FakeSlurm.calls == [(["111"], SACCT_FIELDS, True)]  # one batched sacct -D call
+    assert slurm.sacct_calls == [["111"]] and slurm.counts == {"sacct": 1}  # one batched sacct call ...
+    assert slurm.ran("sacct", "--duplicates", "--parsable2", "--format", ",".join(SACCT_FIELDS))  # ... with -D
     assert report["cause"] == "gpu_oom"
     assert report["logs"] == ["111_0_log.out"]
     assert report["run_dir"] == str(run_dir)
@@ -321,9 +322,7 @@ def test_live_job_id_reads_sacct_logs_and_config(tmp_path, capsys, monkeypatch):
 
 
 def test_live_runs_root_from_environment(tmp_path, capsys, monkeypatch):
-    import hpc_agent.slurm.cli as cli
-
-    monkeypatch.setattr(cli, "SlurmCLI", FakeSlurm)
+    failed_job_111(monkeypatch)
     root = tmp_path / "elsewhere"
     run_dir = make_run_dir(root, "gpt-20261130-130000")
     (run_dir / "slurm" / "111_0_log.out").write_text((LOGS / "code_error_value.log").read_text())
@@ -332,16 +331,9 @@ def test_live_runs_root_from_environment(tmp_path, capsys, monkeypatch):
 
 
 def test_live_sacct_failure_is_unknown_and_wait(capsys, monkeypatch):
-    import hpc_agent.slurm.cli as cli
-
-    class Broken(FakeSlurm):
-        def sacct(self, job_ids, fields=(), all_attempts=True):
-            raise SlurmError("sacct timed out after 30 s")
-
-        def run(self, argv, check=True, timeout_s=None):
-            raise SlurmError("scontrol timed out")
-
-    monkeypatch.setattr(cli, "SlurmCLI", Broken)
+    slurm = failed_job_111(monkeypatch)
+    slurm.break_command("sacct", timeout=True)
+    slurm.break_command("scontrol", timeout=True)
     report = run_json(capsys, "4242")
     assert report["cause"] == "unknown"
     assert report["decision"]["action"] == "wait"

@@ -124,3 +124,45 @@ def test_loss_scale_already_low_needs_a_chain_of_halvings():
 
 def test_legacy_kind_mapping():
     assert LEGACY_KIND == {NAN_LOSS: "nonfinite_loss", LOSS_SCALE_COLLAPSE: "loss_scale_at_minimum"}
+
+
+# --- the fatal alarms: one function for the watcher and diagnose ---------------------------------------
+def points(pairs):
+    return [Point(step, 1000.0 + i, value) for i, (step, value) in enumerate(pairs)]
+
+
+NAN_RUN = [(1, 5.0), (2, 4.0), (3, math.nan), (4, math.nan)]
+STUCK = [(1, 4.0), (2, 1.0), (3, 1.0), (4, 1.0)]       # two halvings, then three points at the minimum
+CHAIN = [(1, 1024.0), (2, 8.0), (3, 1.0), (4, 1.0), (5, 1.0), (6, 1.0)]
+
+
+@pytest.mark.parametrize("loss, scale, min_scale, expected", [
+    (NAN_RUN, [], 1.0, [("nonfinite_loss", 3, "train/loss is nan at step 3")]),
+    ([(29, 2.0), (30, math.nan), (21, 2.1), (22, 2.0)], [], 1.0, []),   # NaN before a restart: history
+    ([], STUCK, 1.0, [("loss_scale_at_minimum", 2, "train/loss_scale stuck at the minimum 1 since step 2")]),
+    ([], STUCK, 0.5, []),                                                 # above this run's minimum
+    ([], [(1, 1.0), (2, 1.0), (3, 2.0)], 1.0, []),                        # it recovered
+    ([], [(1, 1.0), (2, 1.0)], 1.0, []),                                  # too short to call it stuck
+    ([], CHAIN, 1.0, [("loss_scale_at_minimum", 2, "loss scale halved 10 times from 1024 at step 2 to 1 at step 3 "
+                       "(minimum 1); train/loss_scale stuck at the minimum 1 since step 3")]),
+    ([(s, 3.0) for s in range(1, 60)] + [(60, 300.0), (61, 300.0)], [], 1.0, []),  # a spike is not fatal
+])
+def test_fatal_alarms(loss, scale, min_scale, expected):
+    from hpc_agent.diagnosis.alarms import alarms_from_scalars, fatal_alarms
+
+    found = fatal_alarms(loss, scale, min_scale)
+    assert [(a.kind, a.step, a.detail) for a in found] == expected
+    assert all(isinstance(a, LegacyAlarm) for a in found)
+    assert alarms_from_scalars(loss, scale, min_scale) == found
+    if all(b[0] > a[0] for a, b in zip(loss, loss[1:])):  # RunScalars.series' Points give the same answer
+        assert fatal_alarms(points(loss), points(scale), min_scale) == found
+
+
+def test_fatal_alarms_are_detects_fatal_kinds():
+    """The watcher's old path (detect + LEGACY_KIND, fatal kinds only) and fatal_alarms agree on a sorted series."""
+    from hpc_agent.diagnosis.alarms import fatal_alarms
+
+    loss, scale = points(NAN_RUN), points(CHAIN[:4])
+    old = [LegacyAlarm(LEGACY_KIND[a.kind], a.step, a.detail) for a in detect(loss, loss_scale=scale)
+           if a.kind in (NAN_LOSS, LOSS_SCALE_COLLAPSE)]
+    assert fatal_alarms(loss, scale, 1.0) == old and len(old) == 2

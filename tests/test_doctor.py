@@ -8,6 +8,7 @@ import pytest
 
 from hpc_agent import doctor as d
 from tests.conftest import run_cli
+from tests.helpers.fake_slurm import FakeSlurm
 
 SINFO = "low*|2|2|6000|(null)|up\nhigh|2|2|6000|(null)|up\ngpu|4|64|512000|gpu:a100:4(S:0-1)|up\n\nbad line\n"
 
@@ -50,26 +51,20 @@ def test_sbatch_argv():
     assert "--qos" not in joined
 
 
-class FakeCLI:
-    def __init__(self, rc, err):
-        self.rc, self.err, self.calls = rc, err, []
-
-    def run(self, argv, check=True, timeout_s=None):
-        self.calls.append(argv)
-        return SimpleNamespace(returncode=self.rc, stdout="", stderr=self.err)
-
-
 def test_gpu_request_on_gpuless_partition_fails():
     cfg = SimpleNamespace(slurm=SimpleNamespace(nodes=1, tasks_per_node=1, cpus_per_task=1, time="10", partition=None,
                                                 account=None, qos=None, mem=None, constraint=None, exclude=None,
                                                 gpus_per_node=2))
-    checks = d.check_sbatch(FakeCLI(0, "sbatch: Job 1 to start"), cfg, d.parse_sinfo(SINFO))
+    slurm = FakeSlurm(partitions=("low", "high", "gpu"))
+    checks = d.check_sbatch(slurm, cfg, d.parse_sinfo(SINFO))
     assert [c.level for c in checks] == [d.OK, d.FAIL]
+    assert "sbatch: Job 100 to start" in checks[0].detail
     assert "partition low has no GPU gres" in checks[1].detail
+    assert [argv[:2] for argv in slurm.calls] == [["sbatch", "--test-only"]] and slurm.jobs == {}
     cfg.slurm.partition = "gpu"
-    assert [c.level for c in d.check_sbatch(FakeCLI(0, ""), cfg, d.parse_sinfo(SINFO))] == [d.OK]
-    rejected = d.check_sbatch(FakeCLI(1, "sbatch: error: invalid partition specified: gpu"), cfg, [])
-    assert rejected[0].level == d.FAIL and "invalid partition specified" in rejected[0].detail
+    assert [c.level for c in d.check_sbatch(slurm, cfg, d.parse_sinfo(SINFO))] == [d.OK]
+    rejected = d.check_sbatch(FakeSlurm(partitions=("low", "high")), cfg, [])
+    assert rejected[0].level == d.FAIL and "invalid partition specified: gpu" in rejected[0].detail
 
 
 def test_memory_and_health_never_crash():
@@ -148,6 +143,6 @@ def test_target_gres_follows_the_partition():
     from hpc_agent.config.load import build_config
 
     parts = d.parse_sinfo(SINFO)
-    default = next(p for p in parts if p.default)
-    assert d.target_gres(build_config([{}]), parts) == default.gres
+    assert d.target_gres(build_config([{}]), parts) == ""  # the default partition "low" has (null) gres
+    assert d.target_gres(build_config([{"slurm.partition": "gpu"}]), parts) == "gpu:a100:4(S:0-1)"
     assert d.target_gres(build_config([{"slurm.partition": "nosuch"}]), parts) == ""

@@ -30,3 +30,13 @@ def test_fallback_rows_read_like_sacct(job_id, state, attempts, exit_code):
 def test_squeue_wins_over_stale_scontrol_state():
     text = as_sacct_text(["43"], parse_squeue(SQUEUE), parse_scontrol_jobs("JobId=43 JobState=PENDING Restarts=0"))
     assert group_attempts(parse_sacct(text))["43"][-1].state == "RUNNING"
+
+
+def test_array_tasks_are_keyed_as_squeue_and_sacct_name_them():
+    """scontrol prints an array task's own raw JobId; sweeps follow it as <array>_<task>."""
+    line = ("JobId=902 ArrayJobId=900 ArrayTaskId=2 JobName=hpc_agent:sweep:s:b JobState=FAILED Restarts=0 "
+            "ExitCode=1:0 NodeList=node1 StartTime=2026-11-30T10:00:00 EndTime=2026-11-30T10:00:09\n")
+    jobs = parse_scontrol_jobs(line)
+    assert list(jobs) == ["900_2"]
+    text = as_sacct_text(["900_2"], {}, jobs)
+    assert group_attempts(parse_sacct(text))["900_2"][-1].state == "FAILED"

@@ -128,13 +128,14 @@ def test_cheapest_fit_order():
     assert cheapest_fit(cfg, total) == ({}, "fits as is")
     # a little short: one halving of the micro-batch, global batch kept
     patch, what = cheapest_fit(cfg, total - 1)
-    assert patch == {"train.micro_batch_size": 8, "train.grad_accum_steps": 2} and "micro-batch" in what
+    assert patch == {"train.micro_batch_size": 8, "train.grad_accum_steps": 2} and "micro_batch_size 16 -> 8" in what
     apply_patch(cfg, patch)  # a valid config
     # Nothing left to halve at micro-batch 1: activation checkpointing is the next single change.
     one = cfg_of(**{**BIG, "train.micro_batch_size": 1, "train.grad_accum_steps": 16})
     ck = estimate_from_config(apply_patch(one, {"train.activation_checkpointing": True})).total_bytes
     assert ck < estimate_from_config(one).total_bytes
-    assert cheapest_fit(one, ck) == ({"train.activation_checkpointing": True}, "turn on activation checkpointing")
+    assert cheapest_fit(one, ck) == ({"train.activation_checkpointing": True},
+                                     "turn on activation checkpointing (~1/3 more compute)")
 
 
 def test_cheapest_fit_zero_stage():

@@ -53,9 +53,9 @@ NEED = estimate_from_config(cfg()).total_bytes  # 48.4 GiB
 @pytest.mark.parametrize("overrides, capacity, level, text", [
     ({}, 80 * GIB, OK, "fits in 80.0 GiB"),
     ({}, int(NEED / 0.95), WARN, "within 10%"),
-    ({}, 40 * GIB, REFUSE, "cheapest change that fits: micro-batch 16 -> 8"),
+    ({}, 40 * GIB, REFUSE, "cheapest change that fits: micro_batch_size 16 -> 8"),
     ({}, 8 * GIB, REFUSE, "activation_checkpointing off -> on"),
-    ({}, GIB // 1000, REFUSE, "no single change"),
+    ({}, GIB // 1000, REFUSE, "no rung of the OOM ladder"),
     ({}, None, SKIP, "unknown"),
     ({"slurm.gpus_per_node": 0}, 8 * GIB, SKIP, "CPU job"),
     ({"train.workload": "classifier"}, 8 * GIB, SKIP, "no memory estimate"),

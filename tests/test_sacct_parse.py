@@ -159,3 +159,27 @@ def test_legacy_helpers_used_by_submit_still_work():
     assert job_state(parse_parsable2(read("cancelled_by_user.txt")), "113") == "CANCELLED"
     assert job_state(parse_parsable2(read("host_oom_truncated.txt")), "110") == "OUT_OF_MEMORY"
     assert job_state(records, "999") is None
+
+
+def test_attempt_cache_matches_a_full_parse_and_reparses_only_changed_jobs():
+    from hpc_agent.slurm.sacct import AttemptCache, split_by_job
+
+    head = "JobID|JobName|State|ExitCode|NodeList|Start|End"
+    first = "\n".join([head, "7|a|RUNNING|0:0|node1|2026-12-01T10:00:00|Unknown",
+                       "7.batch|batch|RUNNING|0:0|node1|2026-12-01T10:00:00|Unknown",
+                       "8_1|b|REQUEUED|0:0|node2|2026-12-01T10:00:00|2026-12-01T10:01:00",
+                       "8_1|b|PENDING|0:0|None assigned|Unknown|Unknown", "9+0|c|RUNNING|0:0|node1|x|Unknown",
+                       "9+1|c|RUNNING|0:0|node2|x|Unknown"]) + "\n"
+    cache = AttemptCache()
+    got = cache.attempts(first)
+    assert got == group_attempts(parse_sacct(first))
+    assert [a.state for a in got["8_1"]] == ["REQUEUED", "PENDING"] and len(got["9"][0].allocations) == 2
+    second = first.replace("7|a|RUNNING|0:0|node1|2026-12-01T10:00:00|Unknown",
+                           "7|a|FAILED|3:0|node1|2026-12-01T10:00:00|2026-12-01T10:02:00")
+    again = cache.attempts(second)
+    assert again == group_attempts(parse_sacct(second))
+    assert again["8_1"] is got["8_1"] and again["9"] is got["9"]  # unchanged jobs: the same objects
+    assert again["7"] is not got["7"] and again["7"][-1].state == "FAILED"
+    assert split_by_job("sacct: error: slurmdbd down\n") is None and cache.attempts("garbage") == {}
+    twice = first + first  # two headers (concatenated replies): parsed whole, as parse_sacct does
+    assert split_by_job(twice) is None and cache.attempts(twice) == group_attempts(parse_sacct(twice))

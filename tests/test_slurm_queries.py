@@ -1,46 +1,68 @@
-"""hpc_agent.slurm.queries with a fake Slurm client: what each answer means, and None when Slurm is silent."""
+"""hpc_agent.slurm.queries against the canonical FakeSlurm: what each answer means, and None when Slurm is silent."""
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 
-from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.queries import jobs_named, queue_state
+from tests.helpers.fake_slurm import FakeSlurm
 
 
-class FakeSlurm:
-    def __init__(self, answers):
-        self.answers, self.calls = answers, []
+def queue_state_case(case: str):
+    slurm = FakeSlurm(first_job_id=12)
+    job = slurm.submit("r", hold=True)
+    if case == "ended":
+        slurm.run(["scontrol", "release", job])
+        slurm.schedule()
+        slurm.complete(job)
+    elif case == "purged":
+        slurm.cancel(job)
+        slurm.purge(job)  # slurmctld forgot it (MinJobAge): squeue says "Invalid job id specified", rc 1
+    elif case == "controller down":
+        slurm.break_command("squeue", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
+    elif case == "timeout":
+        slurm.break_command("squeue", timeout=True)
+    return slurm, job
 
-    def run(self, argv, check=True):
-        self.calls.append(argv)
-        answer = self.answers[argv[0]]
-        if isinstance(answer, Exception):
-            raise answer
-        return SimpleNamespace(returncode=answer[0], stdout=answer[1], stderr=answer[2])
 
-
-@pytest.mark.parametrize("answer, state", [
-    ((0, "PENDING\n", ""), "PENDING"),
-    ((0, "", ""), ""),                                                    # not queued any more
-    ((1, "", "slurm_load_jobs error: Invalid job id specified"), ""),      # purged from slurmctld
-    ((1, "", "slurm_load_jobs error: Unable to contact slurm controller"), None),
-    (SlurmError("squeue timed out after 30 s"), None),
+@pytest.mark.parametrize("case, state", [
+    ("held", "PENDING"),
+    ("ended", ""),             # not queued any more
+    ("purged", ""),            # purged from slurmctld
+    ("controller down", None),
+    ("timeout", None),
 ])
-def test_queue_state(answer, state):
-    assert queue_state(FakeSlurm({"squeue": answer}), "12") == state
+def test_queue_state(case, state):
+    slurm, job = queue_state_case(case)
+    assert queue_state(slurm, job) == state
+    assert slurm.counts["squeue"] == 1
 
 
-SACCT = "JobID|JobName|State\n7|hpc_agent:r1|COMPLETED\n12_3|hpc_agent:r1|RUNNING\n"
+def named_world(case: str):
+    slurm = FakeSlurm(first_job_id=7, sacct_lag_s=5)
+    if case == "empty":
+        return slurm
+    done = slurm.submit("hpc_agent:r1")
+    slurm.start(done)
+    slurm.complete(done)
+    slurm.next_id = 12
+    array = slurm.submit("hpc_agent:r1", array=[3])
+    slurm.start(f"{array}_3")
+    slurm.submit("hpc_agent:other")
+    slurm.advance(10)
+    slurm.submit("hpc_agent:r1")  # job 14: queued, not yet in accounting (sacct lags a few seconds)
+    if case == "squeue fails":
+        slurm.break_command("squeue", timeout=True)
+    if case == "sacct fails":
+        slurm.break_command("sacct", "sacct: error: Problem talking to the database: Connection refused")
+    return slurm
 
 
-@pytest.mark.parametrize("squeue, sacct, found", [
-    ((0, "12_3\n13\n", ""), (0, SACCT, ""), ["7", "12_3", "13"]),   # union, numeric order, array ids kept
-    ((0, "", ""), (0, "JobID|JobName|State\n", ""), []),
-    (SlurmError("squeue failed"), (0, SACCT, ""), None),
-    ((0, "13\n", ""), SlurmError("sacct failed"), None),
+@pytest.mark.parametrize("case, found", [
+    ("union", ["7", "12_3", "14"]),   # squeue and sacct together, numeric order, array ids kept
+    ("empty", []),
+    ("squeue fails", None),
+    ("sacct fails", None),
 ])
-def test_jobs_named(squeue, sacct, found):
-    fake = FakeSlurm({"squeue": squeue, "sacct": sacct})
-    assert jobs_named(fake, "hpc_agent:r1", since=1_700_000_000) == found
+def test_jobs_named(case, found):
+    slurm = named_world(case)
+    assert jobs_named(slurm, "hpc_agent:r1", since=slurm.now - 3600) == found

@@ -36,3 +36,30 @@ def test_quickstart_completes_as_srun_step(tmp_path):
     assert log.parent == run_dir / "slurm"
     text = log.read_text()
     assert f"job={job_id}" in text and "step 10 " in text and "done" in text
+
+
+def test_an_error_after_sbatch_leaves_the_real_job_followed(tmp_path, monkeypatch, capsys):
+    """run.json cannot be written after sbatch succeeded: the job is in Slurm, the ledger has its id, the run
+    stays pending (followed by watch), and the user is told so (tests/test_submit_orphans.py: every other case)."""
+    from hpc_agent import submission, submit
+    from hpc_agent.ledger import Ledger
+    from tests.slurm_helpers import cleanup_jobs
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(submission, "update_run_json", broken)
+    root = tmp_path / "runs"
+    try:
+        assert submit.main(["quickstart", "--executor", "slurm", f"run.runs_root={root}"]) == 0
+        ledger = Ledger.in_runs_root(root)
+        (run,) = ledger.runs()
+        (sub,) = ledger.submissions(run.run_id)
+        assert run.phase == "pending" and sub.job_id
+        err = capsys.readouterr().err
+        assert f"job {sub.job_id} was submitted" in err and "will follow it" in err
+        queued = SlurmCLI().run(["squeue", "--noheader", "--jobs", sub.job_id, "--format", "%j"]).stdout.split()
+        rows = parse_parsable2(SlurmCLI().sacct([sub.job_id], fields=("JobID", "JobName", "State")))
+        assert job_name_for(run.run_id) in queued + [r["JobName"] for r in rows]
+    finally:
+        cleanup_jobs(root)

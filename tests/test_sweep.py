@@ -1,24 +1,28 @@
-"""Sweeps without Slurm: the sweep file, overrides, objective extraction, pruning, array ids, resume adoption."""
+"""Sweeps without Slurm: the sweep file, overrides, objective extraction, pruning, array ids, resume adoption.
+
+Where a driver talks to Slurm, Slurm is the canonical FakeSlurm (tests/helpers/fake_slurm.py, held to the real
+cluster by tests/test_slurm_contract.py) and arrays go out through its sbatch (``array_submitter``)."""
 from __future__ import annotations
 
 import json
 import math
-from types import SimpleNamespace
+from typing import Optional
 
 import optuna
 import pytest
 
 from hpc_agent.config.load import load_config
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.ledger import Ledger
+from hpc_agent.ledger import LEDGER_FILE, Ledger
 from hpc_agent.metrics.tb_reader import Point
-from hpc_agent.sweep.batch import TrialJob, array_setup, task_job_id
+from hpc_agent.sweep.batch import TrialJob, array_name, array_setup, task_job_id
 from hpc_agent.sweep.driver import (A_BATCH, A_JOB, A_PRUNED, SweepDriver, new_reports, objective_value,
                                     trial_outcome)
 from hpc_agent.sweep.spec import (best_so_far, distribution, format_value, make_pruner, parse_spec,
                                   trial_overrides)
 from hpc_agent.review_sweep import summarize, trial_row
 from tests.conftest import REPO, run_cli
+from tests.helpers.fake_slurm import FakeSlurm
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 D = optuna.distributions
@@ -216,80 +220,79 @@ def test_array_setup_sets_the_run_per_task(tmp_path):
 
 
 # --- resume: adopting what a killed driver left -------------------------------------------------------
-class FakeSlurm:
-    """squeue/sacct answers for an array name; records scancel."""
-
-    def __init__(self, arrays=None):
-        self.arrays = arrays or {}
-        self.calls = []
-
-    def run(self, argv, check=True):
-        self.calls.append(argv)
-        name = argv[argv.index("--name") + 1] if "--name" in argv else None
-        if argv[0] == "squeue":
-            return SimpleNamespace(stdout="\n".join(self.arrays.get(name, [])), stderr="", returncode=0)
-        if argv[0] == "sacct":
-            return SimpleNamespace(stdout="JobID|JobName|State\n", stderr="", returncode=0)
-        return SimpleNamespace(stdout="", stderr="", returncode=0)
-
-    def sacct(self, ids, fields=None):
-        return "JobID|JobName|State\n"
+def array_submitter(slurm: FakeSlurm, submitted: list, partition: Optional[str] = None):
+    """submit_array through the canonical FakeSlurm: one held sbatch per batch, named for the sweep's batch
+    (an array of the batch's size; a batch of one is a plain job, as submitit submits it)."""
+    def submit(jobs, sweep, batch, parallel, folder):
+        argv = ["sbatch", "--parsable", "--hold", "--job-name", array_name(sweep, batch)]
+        if len(jobs) > 1:
+            argv += ["--array", f"0-{len(jobs) - 1}%{parallel}"]
+        if partition:
+            argv += ["--partition", partition]
+        base = slurm.run(argv + ["--wrap", "x"]).stdout.strip()
+        ids = [f"{base}_{i}" for i in range(len(jobs))] if len(jobs) > 1 else [base]
+        submitted.append((batch, [j.number for j in jobs], ids))
+        return ids
+    return submit
 
 
-def make_driver(tmp_path, study, slurm, submitted):
+def make_driver(tmp_path, study, slurm: FakeSlurm, submitted, partition: Optional[str] = None):
+    """A driver over ``tmp_path/runs`` with Slurm, its ledger and its own clock all on the fake's clock."""
     spec = parse_spec(dict(BASE, name="s", trials=3, parallel=2,
                            overrides=["train.workload=classifier", "train.max_steps=20"]))
     runs_root = tmp_path / "runs"
     sweep_dir = runs_root / "sweeps" / "s"
     (sweep_dir / "slurm").mkdir(parents=True, exist_ok=True)
-
-    def submit(jobs, sweep, batch, parallel, folder):
-        ids = [f"{900 + len(submitted)}_{i}" for i in range(len(jobs))]
-        submitted.append((batch, [j.number for j in jobs], ids))
-        return ids
-
+    clock = lambda: slurm.now  # noqa: E731
     return SweepDriver(spec, study, config="quickstart", cli_overrides=[], sweep_dir=sweep_dir, runs_root=runs_root,
-                       ledger=Ledger.in_runs_root(runs_root), slurm=slurm, out=lambda s: None, submit=submit)
+                       ledger=Ledger(runs_root / LEDGER_FILE, clock=clock), slurm=slurm, out=lambda s: None,
+                       clock=clock, submit=array_submitter(slurm, submitted, partition))
 
 
 def test_resume_adopts_submitted_finds_reached_and_resubmits_lost(tmp_path):
     study = optuna.create_study(direction="maximize")
     submitted = []
-    first = make_driver(tmp_path, study, FakeSlurm(), submitted)
-    first.fill()  # two trials in one array: 900_0, 900_1
+    slurm = FakeSlurm(first_job_id=900)
+    first = make_driver(tmp_path, study, slurm, submitted)
+    first.fill()  # two trials in one array: 900_0, 900_1 (submitted held, then released)
     assert submitted[0][1:] == ([0, 1], ["900_0", "900_1"])
+    assert slurm.releases == ["900"] and not any(slurm.job(t).held for t in slurm.tasks("900"))
     # A third trial asked by a driver that died between recording its intent and sbatch, and a fourth one
-    # whose array reached Slurm but whose job id was never recorded.
+    # whose array reached Slurm (held, as submitted) but whose job id was never recorded.
     lost, reached = study.ask(), study.ask()
     for t, batch in ((lost, "b-lost"), (reached, "b-reached")):
         for key, value in (("run_id", f"s-t00{t.number}"), ("run_dir", str(tmp_path / "runs" / f"s-t00{t.number}")),
-                           (A_BATCH, batch), ("batch_index", 0), ("batch_size", 1), ("intent_at", 0.0)):
+                           (A_BATCH, batch), ("batch_index", 0), ("batch_size", 1), ("intent_at", slurm.now)):
             t.set_user_attr(key, value)
-    slurm = FakeSlurm({"hpc_agent:sweep:s:b-reached": ["777"]})
+    reached_job = slurm.submit(array_name("s", "b-reached"), hold=True)
+    slurm.advance(30)
     second = make_driver(tmp_path, study, slurm, submitted)
     second.adopt()
     assert sorted(second.followed) == [0, 1, 3]
     assert [t.number for t in second.unsubmitted] == [2]
     frozen = study.trials
-    assert [frozen[n].user_attrs[A_JOB] for n in (0, 1, 3)] == ["900_0", "900_1", "777"]
+    assert [frozen[n].user_attrs[A_JOB] for n in (0, 1, 3)] == ["900_0", "900_1", reached_job]
+    assert slurm.releases == ["900", reached_job] and not slurm.job(reached_job).held
     ledger = Ledger.in_runs_root(tmp_path / "runs")
-    assert [s.job_id for s in ledger.submissions("s-t003")] == ["777"]
-    assert (tmp_path / "runs" / "s-t003" / "slurm" / "777_0_log.out").exists()
+    assert [s.job_id for s in ledger.submissions("s-t003")] == [reached_job]
+    assert (tmp_path / "runs" / "s-t003" / "slurm" / f"{reached_job}_0_log.out").exists()
     second.followed.clear()  # pretend the two adopted trials finished
     second.fill()  # the lost trial goes out again; no new trial is asked beyond the budget
-    assert submitted[-1][1] == [2]
+    assert submitted[-1][1] == [2] and len(slurm.submissions) == 2  # the first array, and this one
     assert len(study.trials) == 4  # 3 budgeted + the one whose ask raced; none was asked twice
 
 
 def test_a_pruned_trial_is_stopped_in_the_ledger_before_scancel(tmp_path):
     study = optuna.create_study(direction="maximize")
-    slurm = FakeSlurm()
+    slurm = FakeSlurm(first_job_id=900)
     driver = make_driver(tmp_path, study, slurm, [])
     driver.fill()
+    slurm.schedule()
     f = driver.followed[0]
     driver._prune(f, 300)
     assert driver.ledger.run("s-t000").phase == "stopped"
-    assert ["scancel", "900_0"] in slurm.calls
+    assert ["scancel", "900_0"] in slurm.calls and slurm.cancels == ["900_0"]
+    assert slurm.job("900_0").state == "CANCELLED" and slurm.job("900_1").state == "RUNNING"
     assert study.trials[0].user_attrs[A_PRUNED] == 300
     driver._tell(f, "pruned")
     assert study.trials[0].state == optuna.trial.TrialState.PRUNED
@@ -375,17 +378,16 @@ def test_an_array_sbatch_refuses_is_submitted_again_by_the_next_driver(tmp_path)
     from hpc_agent.slurm.cli import SlurmError
 
     study = optuna.create_study(direction="maximize")
-    driver = make_driver(tmp_path, study, FakeSlurm(), [])
-
-    def refuse(*args):
-        raise RuntimeError("sbatch: error: Batch job submission failed: Invalid partition name specified")
-
-    driver.submit = refuse
+    slurm = FakeSlurm()
+    driver = make_driver(tmp_path, study, slurm, [], partition="gpu-typo")  # sbatch refuses the partition
     with pytest.raises(SlurmError, match="Invalid partition"):
         driver.fill()
-    again = make_driver(tmp_path, study, FakeSlurm(), [])
+    assert len(slurm.submissions) == 1 and slurm.jobs == {}
+    again = make_driver(tmp_path, study, slurm, [])
     again.adopt()
     assert [t.number for t in again.unsubmitted] == [0, 1] and not again.followed
+    again.fill()
+    assert len(slurm.jobs) == 2 and sorted(again.followed) == [0, 1]
 
 
 @pytest.mark.parametrize("environ, expected", [

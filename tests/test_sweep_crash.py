@@ -1,14 +1,14 @@
 """A sweep driver killed at any point of a submission: what it leaves, and what the next driver makes of it.
 
-Without Slurm (fakes from test_sweep.py); tests/test_sweep_slurm.py kills real drivers on the real cluster.
+Without Slurm: the canonical FakeSlurm (tests/helpers/fake_slurm.py, held to the real cluster by
+tests/test_slurm_contract.py) holds the arrays a killed driver left, submitted through its sbatch by
+test_sweep.py's ``make_driver``; tests/test_sweep_slurm.py kills real drivers on the real cluster.
 """
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
-from types import SimpleNamespace
-
 import optuna
 import pytest
 from submitit.core.utils import DelayedSubmission, JobPaths
@@ -16,20 +16,21 @@ from submitit.core.utils import DelayedSubmission, JobPaths
 from hpc_agent.job import TrainingJob
 from hpc_agent.ledger import Ledger
 from hpc_agent.slurm.cli import SlurmError
-from hpc_agent.sweep.batch import array_parameters, release_array, restore_pickles
+from hpc_agent.sweep.batch import array_name, array_parameters, release_array, restore_pickles
 from hpc_agent.sweep.driver import A_BATCH, A_JOB, complete_params
 from hpc_agent.sweep.spec import distributions
 from tests.conftest import REPO
-from tests.test_sweep import FakeSlurm, make_driver
+from tests.helpers.fake_slurm import FakeSlurm
+from tests.test_sweep import make_driver
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _intent(trial, tmp_path, batch, *, complete=True):
+def _intent(trial, tmp_path, batch, *, complete=True, at=0.0):
     """The attributes _submit writes before sbatch; without the last one (intent_at) when cut short."""
     run_id = f"s-t00{trial.number}"
     attrs = [("run_id", run_id), ("run_dir", str(tmp_path / "runs" / run_id)), (A_BATCH, batch), ("batch_index", 0),
-             ("batch_size", 1)] + ([("intent_at", 0.0)] if complete else [])
+             ("batch_size", 1)] + ([("intent_at", at)] if complete else [])
     for key, value in attrs:
         trial.set_user_attr(key, value)
 
@@ -44,25 +45,28 @@ def _temp_pickle(folder, run_dir, name="0123456789abcdef0123456789abcdef.pkl"):
 def test_an_intent_cut_short_before_sbatch_is_submitted_again(tmp_path):
     # Killed between the trial's attribute writes: no intent_at means sbatch never ran for it.
     study = optuna.create_study(direction="maximize")
-    _intent(study.ask(), tmp_path, "b-cut", complete=False)
-    slurm = FakeSlurm({"hpc_agent:sweep:s:b-cut": ["555"]})  # even a same-named array is not looked for
+    slurm = FakeSlurm()
+    _intent(study.ask(), tmp_path, "b-cut", complete=False, at=slurm.now)
+    same = slurm.submit(array_name("s", "b-cut"))  # even a same-named job in Slurm is not looked for
     driver = make_driver(tmp_path, study, slurm, [])
     driver.adopt()
     assert [t.number for t in driver.unsubmitted] == [0] and not driver.followed
-    assert not [c for c in slurm.calls if c[0] in ("squeue", "sacct")]
+    assert not [c for c in slurm.calls if "--name" in c]  # only the sweep-wide look for held arrays
+    assert [c[0] for c in slurm.calls] == ["squeue"] and slurm.job(same).state == "PENDING"
 
 
 def test_a_trial_cut_short_inside_ask_gets_the_params_it_lacks(tmp_path):
     submitted = []
     study = optuna.create_study(direction="maximize")
-    driver = make_driver(tmp_path, study, FakeSlurm(), submitted)
+    slurm = FakeSlurm()
+    driver = make_driver(tmp_path, study, slurm, submitted)
     dists = dict(distributions(driver.spec), **{"train.micro_batch_size": optuna.distributions.IntDistribution(
         16, 64, step=16), "data.imbalance_method": optuna.distributions.CategoricalDistribution(["none", "x"])})
     trial = study.ask({"train.lr": dists["train.lr"]})  # stored with one param of three, then killed
     assert complete_params(trial, dists) == ["train.micro_batch_size", "data.imbalance_method"]
     assert set(study.trials[0].params) == set(dists)
     assert complete_params(trial, dists) == []  # idempotent: nothing is sampled twice
-    again = make_driver(tmp_path, study, FakeSlurm(), submitted)
+    again = make_driver(tmp_path, study, slurm, submitted)
     lost = study.ask()  # no param at all: the spec's whole space is sampled on adoption
     again.adopt()
     assert set(study.trials[lost.number].params) == set(distributions(again.spec))
@@ -70,20 +74,23 @@ def test_a_trial_cut_short_inside_ask_gets_the_params_it_lacks(tmp_path):
 
 def test_a_reached_array_gets_its_pickles_then_is_released_then_registered(tmp_path):
     study = optuna.create_study(direction="maximize")
+    slurm = FakeSlurm(first_job_id=777)
     trial = study.ask()
-    _intent(trial, tmp_path, "b-held")
+    _intent(trial, tmp_path, "b-held", at=slurm.now)
     run_dir = tmp_path / "runs" / "s-t000"
     folder = tmp_path / "runs" / "sweeps" / "s" / "slurm"
     temp = _temp_pickle(folder, run_dir)
-    slurm = FakeSlurm({"hpc_agent:sweep:s:b-held": ["777"]})
+    job = slurm.submit(array_name("s", "b-held"), hold=True)  # sbatch answered; the driver died before release
+    slurm.advance(5)
     driver = make_driver(tmp_path, study, slurm, [])
     driver.adopt()
     assert not temp.exists()
-    restored = DelayedSubmission.load(JobPaths(folder, job_id="777").submitted_pickle)
+    restored = DelayedSubmission.load(JobPaths(folder, job_id=job).submitted_pickle)
     assert restored.function.run_dir == str(run_dir)
-    assert ["scontrol", "release", "777"] in slurm.calls
-    assert study.trials[0].user_attrs[A_JOB] == "777" and sorted(driver.followed) == [0]
-    assert [s.job_id for s in Ledger.in_runs_root(tmp_path / "runs").submissions("s-t000")] == ["777"]
+    assert ["scontrol", "release", job] in slurm.calls and slurm.releases == [job] == ["777"]
+    assert not slurm.job(job).held and slurm.schedule() == [job]
+    assert study.trials[0].user_attrs[A_JOB] == job and sorted(driver.followed) == [0]
+    assert [s.job_id for s in Ledger.in_runs_root(tmp_path / "runs").submissions("s-t000")] == [job]
 
 
 def test_restore_pickles_matches_by_run_dir_and_leaves_present_ones(tmp_path):
@@ -105,27 +112,30 @@ def test_arrays_are_submitted_held_and_released_after_submitit_returns(tmp_path)
     cfg = load_config("quickstart", [f"run.runs_root={tmp_path}"])
     params = array_parameters([TrialJob(0, "s-t000", tmp_path / "r", tmp_path / "r/config.yaml", cfg)], "s", "b", 2)
     assert params["additional_parameters"]["hold"] is True
-    slurm = FakeSlurm()
+    slurm = FakeSlurm(first_job_id=900)
     driver = make_driver(tmp_path, optuna.create_study(direction="maximize"), slurm, [])
     driver.fill()
-    assert slurm.calls == [["scontrol", "release", "900"]]
+    (sbatch, release) = slurm.calls
+    assert sbatch[0] == "sbatch" and "--hold" in sbatch and release == ["scontrol", "release", "900"]
+    assert slurm.tasks("900") == ["900_0", "900_1"] and not any(slurm.job(t).held for t in slurm.tasks("900"))
 
 
 def test_release_is_idempotent_but_a_refusal_is_an_error():
-    class Answers(FakeSlurm):
-        def __init__(self, rc, stderr):
-            super().__init__()
-            self.rc, self.stderr = rc, stderr
-
-        def run(self, argv, check=True):
-            self.calls.append(argv)
-            return SimpleNamespace(stdout="", stderr=self.stderr, returncode=self.rc)
-
-    finished = Answers(1, "731_0-1: Job has already finished")
-    release_array(finished, ["731_0", "731_1", "732"])
-    assert finished.calls == [["scontrol", "release", "731"], ["scontrol", "release", "732"]]
+    slurm = FakeSlurm(first_job_id=731)
+    array = slurm.submit("hpc_agent:sweep:s:b1", array=[0, 1], hold=True)  # 731_0, 731_1
+    plain = slurm.submit("hpc_agent:sweep:s:b2", hold=True)
+    release_array(slurm, [f"{array}_0", f"{array}_1", plain])  # held: released
+    release_array(slurm, [f"{array}_0", f"{array}_1", plain])  # again (adoption repeats it): rc 0
+    for job in slurm.schedule():
+        slurm.complete(job)
+    release_array(slurm, [f"{array}_0", f"{array}_1", plain])  # every task ran: "Job has already finished"
+    assert slurm.run(["scontrol", "release", plain], check=False).stderr.startswith("Job has already finished")
+    assert slurm.releases == [array, plain] * 3 + [plain] and array == "731" and plain == "733"
+    with pytest.raises(SlurmError, match="stays held"):  # an id Slurm does not know: "Invalid job id"
+        release_array(slurm, ["999"])
+    slurm.break_command("scontrol", "slurm_update error: Access/permission denied")
     with pytest.raises(SlurmError, match="stays held"):
-        release_array(Answers(1, "slurm_update error: Access/permission denied"), ["733"])
+        release_array(slurm, [plain])
 
 
 def test_a_ledger_transaction_killed_half_way_leaves_nothing(tmp_path):
@@ -143,3 +153,95 @@ def test_a_ledger_transaction_killed_half_way_leaves_nothing(tmp_path):
             ledger.record_intent("r1", "slurm", "c.yaml", reason="x")
             raise RuntimeError("sbatch failed")
     assert ledger.submissions("r1") == []
+
+
+def test_held_tasks_a_trial_records_are_released_and_the_others_cancelled(tmp_path):
+    # A driver killed between sbatch and the release leaves a held array; so does an intent the study has
+    # since given up on. At start-up: a held task a running trial records -> released; one adopt maps a
+    # trial's intent to -> released by adopt after its pickle; any other task of this sweep -> cancelled.
+    study = optuna.create_study(direction="maximize")
+    submitted = []
+    slurm = FakeSlurm(first_job_id=900)
+    make_driver(tmp_path, study, slurm, submitted).fill()  # trials 0, 1 as 900_0, 900_1 (released)
+    first_batch = study.trials[1].user_attrs[A_BATCH]
+    reached = study.ask()
+    _intent(reached, tmp_path, "b-reached", at=slurm.now)
+    slurm.run(["scontrol", "hold", "900_1"])                                      # recorded by trial 1, held again
+    reached_job = slurm.submit(array_name("s", "b-reached"), hold=True)         # trial 2's intent: adopt releases it
+    gone = slurm.submit(array_name("s", "b-gone"), hold=True, array=[0, 1])     # no trial records it: cancel
+    queued = slurm.submit(array_name("s", "b-queued"))                          # not held: not ours to touch
+    other = slurm.submit(array_name("s2", "b1"), hold=True)                     # another sweep
+    run = slurm.submit("hpc_agent:run-1", hold=True)                            # a plain run
+    assert (reached_job, gone) == ("902", "903")
+    slurm.reset_calls()
+    said = []
+    driver = make_driver(tmp_path, study, slurm, submitted)
+    driver.out = said.append
+    driver.adopt()
+    acts = [c for c in slurm.calls if c[0] in ("scancel", "scontrol")]
+    assert acts == [["scontrol", "release", "900_1"], ["scancel", f"{gone}_0"], ["scancel", f"{gone}_1"],
+                    ["scontrol", "release", reached_job]]
+    lines = [line.split("] ", 1)[1] for line in said if "held job" in line]
+    assert lines == [f"held job 900_1 (batch {first_batch}): released; it runs trial 1 of the study",
+                     f"held job {gone}_0 (batch b-gone): cancelled; no running trial of the study records it",
+                     f"held job {gone}_1 (batch b-gone): cancelled; no running trial of the study records it"]
+    assert sorted(driver.followed) == [0, 1, 2]
+    assert [slurm.job(j).held for j in ("900_1", reached_job, other, run)] == [False, False, True, True]
+    assert [slurm.job(t).state for t in slurm.tasks(gone)] == ["CANCELLED", "CANCELLED"]
+    assert slurm.job(queued).state == "PENDING"
+
+
+def test_held_tasks_of_a_trial_told_since_are_cancelled_even_inside_an_adopted_array(tmp_path):
+    # Trials 0 and 1 went out as one held array (size 2); the driver died before the release; trial 1
+    # was then told FAIL. Adoption releases 700_0 for trial 0 but must cancel 700_1 first.
+    study = optuna.create_study(direction="maximize")
+    slurm = FakeSlurm(first_job_id=700)
+    for trial in (study.ask(), study.ask()):
+        for key, value in (("run_id", f"s-t00{trial.number}"), ("run_dir", str(tmp_path / "runs" / f"s-t00{trial.number}")),
+                           (A_BATCH, "b-pair"), ("batch_index", trial.number), ("batch_size", 2),
+                           ("intent_at", slurm.now)):
+            trial.set_user_attr(key, value)
+    array = slurm.submit(array_name("s", "b-pair"), hold=True, array=[0, 1])  # 700_0, 700_1, held
+    study.tell(1, state=optuna.trial.TrialState.FAIL)
+    driver = make_driver(tmp_path, study, slurm, [])
+    driver.adopt()
+    acts = [c for c in slurm.calls if c[0] in ("scancel", "scontrol")]
+    assert acts == [["scancel", "700_1"], ["scontrol", "release", "700"]] and array == "700"
+    assert sorted(driver.followed) == [0]
+    assert slurm.job("700_1").state == "CANCELLED" and not slurm.job("700_0").held
+    assert slurm.schedule() == ["700_0"]
+
+
+def test_squeue_failing_leaves_held_arrays_alone_and_says_so(tmp_path):
+    slurm = FakeSlurm()
+    held = slurm.submit(array_name("s", "b-gone"), hold=True)  # would be cancelled if squeue answered
+    for command in ("squeue", "scontrol", "scancel"):  # slurmctld down
+        slurm.break_command(command, "squeue: error: slurm_load_jobs error: Unable to contact slurm controller")
+    said = []
+    driver = make_driver(tmp_path, optuna.create_study(direction="maximize"), slurm, [])
+    driver.out = said.append
+    driver.adopt()
+    assert any("cannot look for held arrays" in line for line in said)
+    assert slurm.ran("squeue") and not [c for c in slurm.calls if c[0] in ("scancel", "scontrol")]
+    assert slurm.job(held).held and slurm.job(held).state == "PENDING"
+
+
+def test_a_prune_cut_short_by_a_kill_is_finished_by_the_next_driver(tmp_path):
+    # Killed right after recording the pruning decision: the run is still live in the ledger, its job not
+    # cancelled. The next driver stops it (lifecycle CANCELLED edge), scancels, then tells PRUNED.
+    study = optuna.create_study(direction="maximize")
+    slurm = FakeSlurm(first_job_id=900)
+    first = make_driver(tmp_path, study, slurm, [])
+    first.fill()
+    assert slurm.schedule() == ["900_0", "900_1"]
+    first.followed[0].trial.set_user_attr("pruned_at_step", 200)
+    assert first.ledger.run("s-t000").phase == "pending"
+    again = make_driver(tmp_path, study, slurm, [])
+    again.adopt()
+    again.poll()
+    assert again.ledger.run("s-t000").phase == "stopped"
+    assert ["scancel", "900_0"] in slurm.calls and slurm.job("900_0").state == "CANCELLED"
+    assert slurm.job("900_1").state == "RUNNING"  # the other trial's task runs on
+    assert study.trials[0].state == optuna.trial.TrialState.PRUNED
+    again.poll()  # nothing left to do for it
+    assert slurm.calls.count(["scancel", "900_0"]) == 1 and slurm.cancels == ["900_0"]

@@ -190,3 +190,46 @@ def test_preempted_trial_is_resumed_by_the_watcher_and_reaches_the_study(root, t
         assert [a.state for a in attempts(job_id)][-1] == "COMPLETED" and len(attempts(job_id)) >= 2
         assert t.value == objective_value(_read(Path(t.user_attrs["run_dir"])))
         assert max(p.step for p in _read(Path(t.user_attrs["run_dir"]))) == 10000
+
+
+def _held(name: str):
+    """This sweep's tasks that squeue lists as held (by us: --hold), task id -> job name."""
+    text = SLURM.run(["squeue", "--noheader", "--array", "--user", str(os.getuid()), "--states", "PENDING",
+                      "--format", "%i|%r|%j"]).stdout
+    rows = [line.split("|", 2) for line in text.splitlines() if line.count("|") >= 2]
+    return {r[0]: r[2] for r in rows if r[1] == "JobHeldUser" and r[2].startswith(f"hpc_agent:sweep:{name}:")}
+
+
+def test_a_driver_killed_before_the_release_leaves_no_held_array(root, tmp_path):
+    """Killed between sbatch and the release: a held array of two tasks. Meanwhile the study gave up on one
+    trial. The next driver releases the task its running trial records (it completes) and cancels the
+    other, saying which, so nothing stays held in the queue."""
+    from omegaconf import OmegaConf
+
+    path = sweep_file(tmp_path, "held", pruner="none")
+    name = OmegaConf.load(path).name
+    cmd = sweep_cmd(path, root, "--trials", "2", "--parallel", "2", "train.max_steps=300")
+    try:
+        crashed = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(REPO),
+                                 env=dict(os.environ, HPC_AGENT_CRASH_AT="sweep_before_release"))
+        assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+        held = _held(name)
+        assert len(held) == 2, held
+        base = sorted(held)[0].split("_")[0]
+        study_of(root, path).tell(1, state=optuna.trial.TrialState.FAIL)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=str(REPO))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"held job {base}_1 (batch " in done.stdout and "): cancelled; no running trial" in done.stdout
+        assert f"trial 0: its array reached Slurm as job {base}_0; adopted" in done.stdout
+        assert _held(name) == {}
+        trials = study_of(root, path).trials
+        assert [t.state.name for t in trials] == ["COMPLETE", "FAIL"], done.stdout
+        assert [a.state for a in attempts(f"{base}_0")][-1] == "COMPLETED"
+        # A task cancelled while still pending never ran; sacct does not even list it on its own.
+        assert [a.state for a in attempts(f"{base}_1")] in ([], ["CANCELLED"])
+        assert SLURM.run(["squeue", "--noheader", "--array", "--jobs", base, "--format", "%i"],
+                         check=False).stdout.split() == []
+    finally:
+        leftover = sorted(_held(name))
+        if leftover:
+            SLURM.run(["scancel", *leftover], check=False)

@@ -230,3 +230,30 @@ def test_file_vanishing_mid_read_is_not_a_crash(tmp_path, monkeypatch):
     monkeypatch.setattr(state.loader, "Load", gone)
     assert r.update() == 0
     assert r.series(LOSS) == []
+
+
+def test_a_corrupt_tail_is_skipped_and_reported_not_raised(tmp_path):
+    """A framed record that is not an Event, and a header with a bad CRC: the points before are kept."""
+    import struct
+
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    from hpc_agent.metrics.tb_reader import RunScalars
+
+    for tail in ("framed garbage", "bad crc"):
+        tb = tmp_path / tail.replace(" ", "_")
+        writer = EventFileWriter(str(tb))
+        for step in (1, 2):
+            value = summary_pb2.Summary.Value(tag="train/loss", simple_value=1.5)
+            writer.add_event(event_pb2.Event(step=step, wall_time=float(step), summary=summary_pb2.Summary(value=[value])))
+        if tail == "framed garbage":  # a valid TFRecord frame around bytes that do not parse as an Event
+            writer._general_file_writer.write(b"\xff" * 7)  # noqa: SLF001 - a record with a good CRC
+        writer.close()
+        if tail == "bad crc":
+            with open(next(tb.glob("events*")), "ab") as handle:
+                handle.write(struct.pack("<Q", 9) + b"\0\0\0\0" + b"junkjunkj")
+        scalars = RunScalars(tb, tags=("train/loss",))
+        scalars.update()
+        assert [p.step for p in scalars.series("train/loss")] == [1, 2], tail
+        assert scalars.problems(), tail

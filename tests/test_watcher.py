@@ -1,23 +1,26 @@
 """The watcher's tick, driven tick by tick with an injected Slurm client, clock and submitter.
 
-These are unit tests of the loop's logic; tests/test_watch_slurm.py runs the same watcher against the
-real localhost Slurm.
+These are unit tests of the loop's logic. Slurm is the canonical fake (tests/helpers/fake_slurm.py, held to
+the real cluster by tests/test_slurm_contract.py): each test makes the job do what it does (fail, oom,
+preempt...) through the fake's API, and the watcher reads it back through sacct/squeue/scontrol as it would
+on the cluster. One clock (the fake's) drives Slurm, the ledger and the watcher. tests/test_watch_slurm.py
+runs the same watcher against the real localhost Slurm.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 
 from hpc_agent.config.load import build_config, load_snapshot
+from hpc_agent.launcher import job_name_for
 from hpc_agent.ledger import Ledger
-from hpc_agent.slurm.cli import Result, SlurmError
-from hpc_agent.submission import write_config
+from hpc_agent.submission import record_job, write_config
 from hpc_agent.watcher import Watcher
+from tests.helpers.fake_slurm import FakeSlurm
 
-HEADER = "JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed"
 OOM_LOG = """[rank 0/1] host=node1 job={job} local_rank=0
 [hpc_agent] step 3 loss 2.5
 Traceback (most recent call last):
@@ -31,49 +34,18 @@ ZeroDivisionError: division by zero
 """
 
 
-class FakeSlurm:
-    """Answers sacct from a script and records every other command."""
-
-    def __init__(self):
-        self.sacct_text = HEADER + "\n"
-        self.sacct_calls: List[List[str]] = []
-        self.commands: List[List[str]] = []
-        self.fail_sacct = False
-        self.named: Dict[str, List[str]] = {}
-        self.scontrol_text = ""
-        self.queue_state = ""  # what squeue --jobs says: "" means the job left the queue
-
-    def sacct(self, job_ids, fields=(), all_attempts=True):
-        self.sacct_calls.append(list(job_ids))
-        if self.fail_sacct:
-            raise SlurmError("sacct: error: slurmdbd: Connection refused")
-        return self.sacct_text
-
-    def run(self, argv, check=True, timeout_s=None):
-        self.commands.append(list(argv))
-        if argv[0] == "squeue" and "--name" not in argv:
-            return Result(argv, 0, self.queue_state, "")
-        if argv[0] == "squeue":
-            name = argv[argv.index("--name") + 1]
-            return Result(argv, 0, "\n".join(self.named.get(name, [])), "")
-        if argv[0] == "sacct":
-            return Result(argv, 0, "JobID|JobName|State\n", "")
-        if argv[:2] == ["scontrol", "--oneliner"]:
-            return Result(argv, 0, self.scontrol_text, "")
-        return Result(argv, 0, "", "")
-
-
 class FakeSubmitter:
-    def __init__(self, first_job_id: int = 500):
-        self.next_id = first_job_id
+    """submit_attempt's bookkeeping around the fake's sbatch: intent, sbatch (the run's job name), job id."""
+
+    def __init__(self, slurm: FakeSlurm):
+        self.slurm = slurm
         self.calls = []
 
     def __call__(self, ledger, run_id, run_dir, cfg, config_path, kind, reason):
         sid = ledger.record_intent(run_id, kind, str(config_path), reason)
-        job_id = str(self.next_id)
-        self.next_id += 1
-        ledger.record_submitted(sid, job_id)
-        ledger.set_phase(run_id, "pending")
+        argv = ["sbatch", "--parsable", "--job-name", job_name_for(run_id), "--wrap", "x"]
+        job_id = self.slurm.run(argv).stdout.strip()
+        record_job(ledger, sid, run_id, job_id)
         self.calls.append({"run_id": run_id, "cfg": cfg, "reason": reason, "job_id": job_id})
         return job_id
 
@@ -81,17 +53,19 @@ class FakeSubmitter:
 @pytest.fixture
 def world(tmp_path):
     root = tmp_path / "runs"
-    ledger = Ledger.in_runs_root(root)
-    slurm = FakeSlurm()
-    submitter = FakeSubmitter()
-    clock = [1_800_000_000.0]
+    slurm = FakeSlurm()  # job ids from 100; its clock is the one clock of the test
+    clock = lambda: slurm.now  # noqa: E731
+    ledger = Ledger(root / "ledger.sqlite", clock=clock)
+    submitter = FakeSubmitter(slurm)
     out: List[str] = []
-    watcher = Watcher(ledger, slurm, runs_root=root, clock=lambda: clock[0], submit=submitter, out=out.append)
-    return {"root": root, "ledger": ledger, "slurm": slurm, "submit": submitter, "watcher": watcher, "out": out,
-            "clock": clock}
+    watcher = Watcher(ledger, slurm, runs_root=root, clock=clock, submit=submitter, out=out.append)
+    return {"root": root, "ledger": ledger, "slurm": slurm, "submit": submitter, "watcher": watcher, "out": out}
 
 
-def add_run(world, run_id: str, job_id: str, log: str = "", **train) -> Path:
+def add_run(world, run_id: str, log: str = "", start: bool = True, **train) -> Tuple[Path, str]:
+    """A followed run whose job Slurm has (submitted under the run's job name, started unless ``start`` is
+    False, a minute ago), with the job's log; returns the run dir and the job id."""
+    slurm: FakeSlurm = world["slurm"]
     run_dir = world["root"] / run_id
     (run_dir / "slurm").mkdir(parents=True)
     cfg = build_config([{"run": {"name": "t"}, "train": {"micro_batch_size": 8, "grad_accum_steps": 1, **train}}])
@@ -99,55 +73,71 @@ def add_run(world, run_id: str, job_id: str, log: str = "", **train) -> Path:
     ledger = world["ledger"]
     ledger.add_run(run_id, "t", str(run_dir))
     sid = ledger.record_intent(run_id, "slurm", str(path), "submit")
+    job_id = slurm.submit(job_name_for(run_id))
     ledger.record_submitted(sid, job_id)
-    ledger.set_phase(run_id, "running")
+    if start:
+        slurm.start(job_id)
+        ledger.set_phase(run_id, "running")
+    else:
+        ledger.set_phase(run_id, "pending")
+    slurm.advance(60)
     if log:
         (run_dir / "slurm" / f"{job_id}_0_log.out").write_text(log.format(job=job_id))
-    return run_dir
+    return run_dir, job_id
 
 
-def rows(*lines: str) -> str:
-    return HEADER + "\n" + "\n".join(lines) + "\n"
+def acting(slurm: FakeSlurm) -> List[List[str]]:
+    """Commands that change Slurm (not the squeue/scontrol show questions of the fallback or a requeue)."""
+    return [c for c in slurm.commands if c[0] != "squeue" and c[:2] != ["scontrol", "--oneliner"]]
 
 
 def test_one_batched_sacct_call_per_tick_for_all_runs(world):
     for i in range(5):
-        add_run(world, f"r{i}", str(100 + i))
-    world["slurm"].sacct_text = rows(*[f"{100 + i}|hpc_agent:r{i}|RUNNING|0:0|node1|2026-11-30T10:00:00|Unknown|00:01:00"
-                                       for i in range(5)])
+        add_run(world, f"r{i}")
     report = world["watcher"].tick()
     assert report.sacct_calls == 1
     assert world["slurm"].sacct_calls == [[str(100 + i) for i in range(5)]]
     assert world["slurm"].commands == []
+    assert all(world["ledger"].run(f"r{i}").phase == "running" for i in range(5))
 
 
 def test_without_accounting_slurmctld_states_are_used(world):
-    add_run(world, "r", "7", log=OOM_LOG)
-    world["slurm"].fail_sacct = True
-    world["slurm"].scontrol_text = "JobId=7 JobName=hpc_agent:r JobState=FAILED Restarts=0 ExitCode=3:0 NodeList=node1\n"
+    slurm = world["slurm"]
+    _, job = add_run(world, "r", log=OOM_LOG)
+    slurm.fail(job, 3)
+    slurm.break_command("sacct", "sacct: error: slurmdbd: Connection refused")
     report = world["watcher"].tick()
     assert report.sacct_calls == 1 and report.fallback_calls == 2 and not report.unknown
+    assert slurm.ran("squeue") and slurm.ran("scontrol", "--oneliner", "show", "job")
     assert len(world["submit"].calls) == 1  # the OOM was seen through scontrol and repaired
 
 
-@pytest.mark.parametrize("failure", ["error", "empty"])
+@pytest.mark.parametrize("failure", ["error", "down", "empty"])
 def test_unknown_state_never_acts(world, failure):
-    add_run(world, "r", "7", log=OOM_LOG)
-    if failure == "error":
-        world["slurm"].fail_sacct = True
-    else:
-        world["slurm"].sacct_text = ""
+    """The job failed (a GPU OOM the watcher would repair), but nothing says so: wait, never act on a guess."""
+    slurm = world["slurm"]
+    _, job = add_run(world, "r", log=OOM_LOG)
+    slurm.fail(job, 3)
+    if failure == "error":  # accounting down, and slurmctld has already forgotten the job (MinJobAge)
+        slurm.break_command("sacct", "sacct: error: slurmdbd: Connection refused")
+        slurm.purge(job)
+    elif failure == "down":  # accounting and slurmctld both down
+        for command in ("sacct", "squeue", "scontrol"):
+            slurm.break_command(command, timeout=True)
+    else:  # accounting answers, but has no record of the job yet (slurmdbd behind)
+        slurm.sacct_lag_s = 3600
     report = world["watcher"].tick()
     assert report.unknown
-    acting = [c for c in world["slurm"].commands if c[0] != "squeue" and c[:2] != ["scontrol", "--oneliner"]]
-    assert world["submit"].calls == [] and acting == []
+    assert world["submit"].calls == [] and acting(slurm) == [] and slurm.submissions == []
     assert world["ledger"].run("r").phase == "running"
 
 
 def test_gpu_oom_resubmits_with_half_micro_batch_double_accumulation(world):
-    run_dir = add_run(world, "r", "7", log=OOM_LOG)
-    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|3:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00",
-                                     "7.0|python|FAILED|3:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
+    slurm = world["slurm"]
+    run_dir, job = add_run(world, "r", log=OOM_LOG)
+    slurm.step(job, "python")
+    slurm.end_step(job, "0", "FAILED", "3:0")
+    slurm.fail(job, 3)
     world["watcher"].tick()
     (call,) = world["submit"].calls
     assert (call["cfg"].train.micro_batch_size, call["cfg"].train.grad_accum_steps) == (4, 2)
@@ -155,17 +145,25 @@ def test_gpu_oom_resubmits_with_half_micro_batch_double_accumulation(world):
     (decision,) = world["ledger"].decisions("r")
     assert decision.cause == "gpu_oom" and decision.action == "resubmit"
     (event,) = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert event["cause"] == "gpu_oom" and event["job_id"] == "7"
+    assert event["cause"] == "gpu_oom" and event["job_id"] == job
     assert event["config_diff"]["train.micro_batch_size"] == {"from": 8, "to": 4}
     assert any("out of memory" in line.lower() for line in event["evidence"])
     assert world["ledger"].run("r").phase == "pending"
-    # The next tick sees the new job; the old attempt is not decided twice.
-    world["slurm"].sacct_text = rows("500|hpc_agent:r|RUNNING|0:0|node1|2026-11-30T10:02:00|Unknown|00:00:10")
+    # The next tick sees the new job run; the old attempt is not decided twice.
+    new = call["job_id"]
+    assert slurm.job(new).name == job_name_for("r") and slurm.schedule() == [new]
+    slurm.advance(10)
     world["watcher"].tick()
-    assert len(world["submit"].calls) == 1
+    assert len(world["submit"].calls) == 1 and len(slurm.submissions) == 1
     assert world["ledger"].run("r").phase == "running"
     # The new job's first attempt is the run's second: attempt numbers count across resubmissions.
-    assert world["watcher"]._run_attempt(world["ledger"].run("r"), "500", 0) == 2
+    from hpc_agent.follow import RunState
+    from hpc_agent.lifecycle import Phase
+
+    from hpc_agent.observe import run_state
+
+    state = run_state(world["ledger"], world["ledger"].run("r"), RunState("r", Phase.RUNNING, new))
+    assert state.attempt_offset + 0 + 1 == 2
 
 
 def write_complete_checkpoint(run_dir: Path, step: int) -> None:
@@ -177,18 +175,18 @@ def write_complete_checkpoint(run_dir: Path, step: int) -> None:
 
 def test_finished_training_is_never_requeued_whatever_the_exit(world):
     """A rank that aborts in teardown after the final checkpoint makes Slurm say FAILED: the work is done."""
-    run_dir = add_run(world, "r", "7", log="[hpc_agent] done: 100 steps\nterminate called without an active exception\n",
-                      max_steps=100)
+    run_dir, job = add_run(world, "r", max_steps=100,
+                           log="[hpc_agent] done: 100 steps\nterminate called without an active exception\n")
     write_complete_checkpoint(run_dir, 100)
-    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|15:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
+    world["slurm"].fail(job, 15)
     world["watcher"].tick()
     assert world["ledger"].run("r").phase == "completed"
     assert world["submit"].calls == [] and world["slurm"].commands == []
 
 
 def test_code_error_is_not_requeued(world):
-    add_run(world, "r", "7", log=CODE_LOG)
-    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|1:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
+    _, job = add_run(world, "r", log=CODE_LOG)
+    world["slurm"].fail(job, 1)
     world["watcher"].tick()
     assert world["submit"].calls == [] and world["slurm"].commands == []
     assert world["ledger"].run("r").phase == "stopped"
@@ -196,96 +194,116 @@ def test_code_error_is_not_requeued(world):
 
 
 def test_slurm_requeued_preemption_is_expedited_once(world):
-    add_run(world, "r", "9")
-    world["slurm"].sacct_text = rows(
-        "9|hpc_agent:r|PREEMPTED|0:0|node1|2026-11-30T10:00:00|2026-11-30T10:05:00|00:05:00",
-        "9|hpc_agent:r|PENDING|0:0|None assigned|Unknown|Unknown|00:00:00")
+    slurm = world["slurm"]
+    _, job = add_run(world, "r")
+    slurm.advance(240)
+    slurm.preempt(job)  # PREEMPTED, and Slurm's own new attempt pending until its BeginTime (+121 s)
     world["watcher"].tick()
     world["watcher"].tick()
-    assert world["slurm"].commands == [["scontrol", "update", "JobId=9", "StartTime=now"]]
+    assert slurm.commands == [["scontrol", "update", f"JobId={job}", "StartTime=now"]]
+    assert slurm.expedites == [job] and slurm.job(job).begin == slurm.now
     (event,) = [json.loads(line) for line in (world["root"] / "r" / "events.jsonl").read_text().splitlines()]
     assert event["action"] == "expedite" and event["attempt"] == 1  # the attempt that ended, counted from 1
     assert world["ledger"].run("r").phase == "pending"
     assert any("expedite" in line for line in world["out"])
+    assert slurm.schedule() == [job] and world["submit"].calls == []  # attempt 2 runs now, not in 121 s
 
 
 def test_no_second_job_while_slurm_requeues_a_node_failure(world):
     """sacct may show NODE_FAIL a moment before the attempt Slurm requeued: squeue has the last word."""
-    add_run(world, "r", "9")
-    world["slurm"].sacct_text = rows("9|hpc_agent:r|NODE_FAIL|0:0|node1|2026-11-30T10:00:00|2026-11-30T10:05:00|00:05:00")
-    world["slurm"].queue_state = "PENDING"
+    slurm = world["slurm"]
+    _, job = add_run(world, "r")
+    slurm.sacct_lag_s = 4  # accounting records the requeued attempt a few seconds late (as measured)
+    slurm.node_fail(job, requeue=True)
+    world["watcher"].tick()  # sacct: NODE_FAIL only; squeue: PENDING
+    assert slurm.ran("squeue")
+    assert world["submit"].calls == [] and world["ledger"].decisions("r") == [] and slurm.submissions == []
+    slurm.advance(5)  # sacct: NODE_FAIL, then the pending attempt
     world["watcher"].tick()
-    assert world["submit"].calls == [] and world["ledger"].decisions("r") == []
-    world["slurm"].sacct_text = rows(
-        "9|hpc_agent:r|NODE_FAIL|0:0|node1|2026-11-30T10:00:00|2026-11-30T10:05:00|00:05:00",
-        "9|hpc_agent:r|PENDING|0:0|None assigned|Unknown|Unknown|00:00:00")
-    world["watcher"].tick()
-    assert world["submit"].calls == []
-    assert ["scontrol", "update", "JobId=9", "ExcNodeList=node1"] in world["slurm"].commands
-    assert ["scontrol", "update", "JobId=9", "StartTime=now"] in world["slurm"].commands
+    assert world["submit"].calls == [] and slurm.submissions == []
+    assert ["scontrol", "update", f"JobId={job}", "ExcNodeList=node1"] in slurm.commands
+    assert ["scontrol", "update", f"JobId={job}", "StartTime=now"] in slurm.commands
+    assert slurm.excludes == [(job, "node1")] and slurm.job(job).exclude == ["node1"]
     assert load_snapshot(world["root"] / "r" / "config.yaml").slurm.exclude == "node1"
 
 
 def test_completed_run_is_done(world):
-    add_run(world, "r", "7")
-    world["slurm"].sacct_text = rows("7|hpc_agent:r|COMPLETED|0:0|node1|2026-11-30T10:00:00|2026-11-30T10:09:00|00:09:00")
+    _, job = add_run(world, "r")
+    world["slurm"].advance(480)
+    world["slurm"].complete(job)
     world["watcher"].tick()
     assert world["ledger"].run("r").phase == "completed"
     world["watcher"].tick()
-    assert world["slurm"].sacct_calls[-1:] == [["7"]] and len(world["slurm"].sacct_calls) == 1  # no live runs left
+    assert world["slurm"].sacct_calls == [[job]]  # no live runs left: the second tick asks nothing
 
 
 def test_pause_file_stops_all_actions(world):
-    add_run(world, "r", "7", log=OOM_LOG)
-    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|3:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
+    _, job = add_run(world, "r", log=OOM_LOG)
+    world["slurm"].fail(job, 3)
     world["watcher"].pause_file.write_text("paused")
     report = world["watcher"].tick()
     assert report.paused and world["slurm"].sacct_calls == [] and world["submit"].calls == []
+    assert world["slurm"].calls == []
     world["watcher"].pause_file.unlink()
     world["watcher"].tick()
     assert len(world["submit"].calls) == 1
 
 
 def test_dry_run_changes_nothing(world):
-    run_dir = add_run(world, "r", "7", log=OOM_LOG)
+    run_dir, job = add_run(world, "r", log=OOM_LOG)
     world["watcher"].dry_run = True
-    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|3:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
+    world["slurm"].fail(job, 3)
     world["watcher"].tick()
     assert world["submit"].calls == [] and world["ledger"].decisions("r") == []
+    assert acting(world["slurm"]) == [] and world["slurm"].submissions == []
     assert not (run_dir / "events.jsonl").exists()
     assert any("resubmit" in line for line in world["out"])
 
 
 def test_recorded_decision_without_action_is_carried_out_after_restart(world):
     """The watcher died after recording a decision and before submitting: a new watcher finishes it once."""
-    add_run(world, "r", "7", log=OOM_LOG)
+    slurm = world["slurm"]
+    _, job = add_run(world, "r", log=OOM_LOG)
+    slurm.fail(job, 3)
     ledger = world["ledger"]
-    ledger.record_decision("r", "7", 0, "gpu_oom", "resubmit", "GPU out of memory",
+    ledger.record_decision("r", job, 0, "gpu_oom", "resubmit", "GPU out of memory",
                            {"train.micro_batch_size": 4, "train.grad_accum_steps": 2}, [], None)
     ledger.set_phase("r", "recovering")
-    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|3:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
     world["watcher"].tick()
     assert len(world["submit"].calls) == 1
-    world["slurm"].sacct_text = rows("500|hpc_agent:r|PENDING|0:0|None assigned|Unknown|Unknown|00:00:00")
+    (new,) = [call["job_id"] for call in world["submit"].calls]
+    assert slurm.job(new).state == "PENDING"
+    slurm.advance(5)
     world["watcher"].tick()
-    assert len(world["submit"].calls) == 1
+    assert len(world["submit"].calls) == 1 and len(slurm.submissions) == 1
 
 
 @pytest.mark.parametrize("slurm_knows_it", [True, False])
 def test_reconcile_intent_without_job_id(world, slurm_knows_it):
-    run_dir = add_run(world, "r", "7")
+    """The watcher decided to resubmit and died after recording its intent: Slurm's jobs under the run's
+    name settle it (the job id it got, or a new sbatch once the intent is old enough)."""
+    slurm = world["slurm"]
+    run_dir, job = add_run(world, "r")
+    slurm.oom(job)
     ledger = world["ledger"]
+    ledger.set_phase("r", "recovering")
     sid = ledger.record_intent("r", "slurm", str(run_dir / "config.yaml"), "gpu_oom: resubmit")
-    if slurm_knows_it:
-        world["slurm"].named["hpc_agent:r"] = ["7", "8"]
+    reached = slurm.submit(job_name_for("r")) if slurm_knows_it else None  # its sbatch answered, then it died
+    world["watcher"].reconcile()  # too young: its sbatch may still be in flight, so Slurm is not even asked
+    assert ledger.latest_submission("r").job_id is None and world["submit"].calls == []
+    assert not any(c[0] in ("squeue", "sacct") for c in slurm.commands)
+    slurm.advance(121)
     world["watcher"].reconcile()
     latest = ledger.latest_submission("r")
+    assert slurm.ran("squeue", "--noheader", "--name", job_name_for("r"))
     if slurm_knows_it:
-        assert latest.id == sid and latest.job_id == "8"
-        assert world["submit"].calls == []
+        assert latest.id == sid and latest.job_id == reached != job
+        assert world["submit"].calls == [] and slurm.submissions == []
     else:
-        assert world["submit"].calls and latest.job_id == "500"
+        (call,) = world["submit"].calls
+        assert latest.job_id == call["job_id"] and slurm.job(call["job_id"]).name == job_name_for("r")
         assert "abandoned" in ledger.submissions("r")[-2].error
+    assert ledger.run("r").phase == "pending"
 
 
 def write_loss_events(tb_dir: Path, losses: Dict[int, float]) -> None:
@@ -301,11 +319,11 @@ def write_loss_events(tb_dir: Path, losses: Dict[int, float]) -> None:
 
 def test_nan_loss_rolls_back_past_the_divergence_and_lowers_lr(world):
     """TensorBoard says the loss went NaN at step 25: resume from step 20's checkpoint with half the LR."""
-    run_dir = add_run(world, "r", "7", log="[hpc_agent] step 24 loss 2.1\n", lr=1e-3)
+    run_dir, job = add_run(world, "r", log="[hpc_agent] step 24 loss 2.1\n", lr=1e-3)
     for step in (10, 20, 30):
         write_complete_checkpoint(run_dir, step)
     write_loss_events(run_dir / "tb", {s: (float("nan") if s >= 25 else 3.0 - s / 100) for s in range(1, 31)})
-    world["slurm"].sacct_text = rows("7|hpc_agent:r|FAILED|65:0|node1|2026-11-30T10:00:00|2026-11-30T10:01:00|00:01:00")
+    world["slurm"].fail(job, 65)
     world["watcher"].tick()
     (call,) = world["submit"].calls
     assert call["cfg"].train.lr == pytest.approx(5e-4)

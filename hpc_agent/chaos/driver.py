@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from hpc_agent import rundir
 from hpc_agent.chaos import inject
 from hpc_agent.chaos.progress import Progress, parse_progress, recovered_segment, steps_lost
 from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ettr, fault_checks,
@@ -38,29 +39,23 @@ class Target:
 
     def job_ids(self) -> List[str]:
         try:
-            return [str(j) for j in json.loads((self.run_dir / "run.json").read_text()).get("job_ids", [])]
+            info = json.loads(rundir.read_bounded(rundir.run_json_path(self.run_dir), rundir.JSON_MAX_BYTES))
+            return [str(j) for j in info.get("job_ids", [])]
         except (OSError, ValueError):
             return []
 
     def progress(self) -> Progress:
-        logs = [(int(m.group(1)), p) for p in (self.run_dir / "slurm").glob("*_0_log.out")
+        logs = [(int(m.group(1)), p) for p in rundir.slurm_dir(self.run_dir).glob("*_0_log.out")
                 if (m := _JOB_LOG.match(p.name))]
         return parse_progress(p.read_text(errors="replace") for _, p in sorted(logs))
 
     def events(self) -> List[Dict]:
-        path = self.run_dir / "events.jsonl"
-        out = []
-        for line in path.read_text().splitlines() if path.exists() else []:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
+        from hpc_agent.runreview import read_events
+
+        return read_events(self.run_dir)
 
     def config(self):
-        from hpc_agent.config.load import load_snapshot
-
-        return load_snapshot(self.run_dir / "config.yaml")
+        return rundir.load_config(self.run_dir)
 
 
 def submit_run(root: Path, config: str, overrides: Sequence[str]) -> Path:
@@ -272,16 +267,16 @@ class ChaosDriver:
     # --- the end --------------------------------------------------------------------------------------
     def _summary(self, t: Target, stopped_at: float) -> TargetSummary:
         from hpc_agent.metrics.tb_reader import RunScalars
-        from hpc_agent.review import review_run
+        from hpc_agent.runreview import review_run
         from hpc_agent import checkpoints as checkpoint
 
         max_steps = t.config().train.max_steps
         review = review_run(t.run_dir, t.root, now=t.done_at or stopped_at)
         start = _created_at(t)
         end = t.done_at or stopped_at
-        scalars = RunScalars(t.run_dir / "tb", tags=("train/loss",))
+        scalars = RunScalars(rundir.tb_dir(t.run_dir), tags=("train/loss",))
         scalars.update()
-        selection = checkpoint.select(checkpoint.scan(t.run_dir / "checkpoints"))
+        selection = checkpoint.select(checkpoint.scan(rundir.checkpoints_dir(t.run_dir)))
         chosen = selection.chosen
         checks = [final_checkpoint_check(chosen.step if chosen else None,
                                          selection.skipped[0][1] if selection.skipped else None, max_steps),

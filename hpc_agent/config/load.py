@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -129,7 +130,7 @@ def parse_overrides(overrides: Sequence[str], problems: List[Problem]) -> Dict[s
 def _read_yaml(path: Path, problems: List[Problem]) -> Dict[str, Any]:
     try:
         data = OmegaConf.to_container(OmegaConf.load(path))
-    except (OSError, OmegaConfBaseException, ValueError) as exc:
+    except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
         problems.append(Problem(str(path), "<file>", f"a readable YAML mapping ({exc})"))
         return {}
     if data is None:
@@ -186,6 +187,18 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *, env: 
 def load_snapshot(path: str | os.PathLike) -> Config:
     """Load a run's resolved ``config.yaml`` as written by submit: no base layer, no environment."""
     return load_config(path, with_base=False, env={})
+
+
+def load_snapshot_text(text: str, source: str = "config.yaml") -> Config:
+    """A snapshot from its text (already read, bounded, by ``rundir``): invalid YAML is a ConfigError."""
+    problems: List[Problem] = []
+    try:
+        data = OmegaConf.to_container(OmegaConf.create(text)) if text.strip() else {}
+    except (OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError([Problem(source, "<file>", f"a readable YAML mapping ({exc})")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([Problem(source, type(data).__name__, "a YAML mapping with sections run, slurm, train, watch")])
+    return build_config([data], problems)
 
 
 def to_yaml(config: Config) -> str:

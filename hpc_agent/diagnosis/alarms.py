@@ -1,33 +1,31 @@
-"""Training-health alarms from logged scalars (TensorBoard ``train/loss``, ``train/loss_scale``). Pure.
+"""The fatal training alarms, for the classifier: a thin mapping over the one divergence detector. Pure.
 
-Reading the event files is I/O and lives in the callers (``hpc_agent.diagnose.read_tb_scalars`` and the
-watcher, both over ``metrics.tb_reader``); this module only turns ``[(step, value), ...]`` into alarms.
+:func:`fatal_alarms` is what both the watcher and ``diagnose`` call: it runs
+:func:`hpc_agent.metrics.divergence.detect` on the loss and loss-scale series and keeps the kinds that
+make an ended attempt count as diverged (a NaN/inf loss, a collapsed FP16 loss scale), named
+``nonfinite_loss`` and ``loss_scale_at_minimum``. Spikes, gradient explosions and stalls are shown by
+``review`` only. Reading the event files is I/O and lives in the callers (over ``metrics.tb_reader``).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
-NONFINITE_LOSS = "nonfinite_loss"
-LOSS_SCALE_AT_MINIMUM = "loss_scale_at_minimum"
+from hpc_agent.metrics.divergence import (FATAL_KINDS, LEGACY_KIND, LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS,  # noqa: F401
+                                          Alarm, detect)
 
-Series = Sequence[Tuple[int, float]]
+Series = Sequence[Any]
+"""``[(step, value), ...]`` or ``RunScalars.series(tag)``'s ``Point`` objects (``.step``, ``.value``)."""
 
 
-@dataclass(frozen=True)
-class Alarm:
-    kind: str
-    """``nonfinite_loss`` or ``loss_scale_at_minimum``."""
-    step: int
-    """First step of the problem (where training should be rolled back *before*)."""
-    detail: str
+def _pair(item: Any) -> Tuple[int, float]:
+    return (int(item.step), float(item.value)) if hasattr(item, "step") else (int(item[0]), float(item[1]))
 
 
 def latest_run(series: Series) -> List[Tuple[int, float]]:
     """The points written since the last restart: a resumed attempt logs steps again from its checkpoint,
-    so everything before the last point where the step went backwards belongs to an older attempt."""
-    points = list(series)
+    so everything before the last point where the step went backwards belongs to an older attempt.
+    (A ``RunScalars.series`` is one point per step, sorted: it comes back whole.)"""
+    points = [_pair(p) for p in series]
     start = 0
     for i in range(1, len(points)):
         if points[i][0] <= points[i - 1][0]:
@@ -35,23 +33,16 @@ def latest_run(series: Series) -> List[Tuple[int, float]]:
     return points[start:]
 
 
+def fatal_alarms(loss: Series, loss_scale: Series, min_loss_scale: float, stuck_points: int = 3) -> List[Alarm]:
+    """NaN/inf loss and FP16 loss-scale collapse in the newest attempt's points (:func:`latest_run`), as
+    ``nonfinite_loss`` / ``loss_scale_at_minimum`` alarms ordered by step. ``min_loss_scale`` is the
+    config's ``train.min_loss_scale``."""
+    found = detect(latest_run(loss), loss_scale=latest_run(loss_scale), min_loss_scale=min_loss_scale,
+                   stuck_points=stuck_points)
+    return [Alarm(LEGACY_KIND[a.kind], a.step, a.detail) for a in found if a.kind in FATAL_KINDS]
+
+
 def alarms_from_scalars(loss: Series = (), loss_scale: Series = (), min_loss_scale: float = 1.0,
                         stuck_points: int = 3) -> List[Alarm]:
-    """NaN/inf loss, and an FP16 loss scale that stayed at its minimum for the last ``stuck_points``
-    points (DeepSpeed gives up there: "Current loss scale already at minimum")."""
-    alarms: List[Alarm] = []
-    for step, value in latest_run(loss):
-        if not math.isfinite(value):
-            alarms.append(Alarm(NONFINITE_LOSS, step, f"train/loss is {value} at step {step}"))
-            break
-    scale = latest_run(loss_scale)
-    tail = scale[-stuck_points:]
-    if len(tail) >= stuck_points and all(v <= min_loss_scale for _, v in tail):
-        first: Optional[int] = None
-        for step, value in reversed(scale):
-            if value > min_loss_scale:
-                break
-            first = step
-        alarms.append(Alarm(LOSS_SCALE_AT_MINIMUM, first if first is not None else tail[0][0],
-                            f"train/loss_scale stuck at the minimum {min_loss_scale:g} since step {first}"))
-    return alarms
+    """:func:`fatal_alarms` with defaults (the name older callers use)."""
+    return fatal_alarms(loss, loss_scale, min_loss_scale, stuck_points)

@@ -23,6 +23,7 @@ class Cause(str, Enum):
     CANCELLED = "cancelled"
     CODE_ERROR = "code_error"
     ENV_ERROR = "env_error"
+    RUN_DIR_BUSY = "run_dir_busy"
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:  # f"{cause}" gives "gpu_oom", not "Cause.GPU_OOM"
@@ -56,6 +57,8 @@ SUMMARY: Dict[str, str] = {
     "code_error": "the training code raised an error (a bug or a bad input, not the cluster)",
     "env_error": "the job's software environment lacks something (an unprepared DeepSpeed op, a missing package): "
                  "a retry in the same environment fails the same way",
+    "run_dir_busy": "another live attempt (another job) holds the run directory's lease: this attempt did not "
+                    "train, so the two cannot overwrite each other's checkpoints",
     "unknown": "the state is unknown (sacct failed or has no record yet)",
 }
 
@@ -79,5 +82,8 @@ ADVICE: Dict[str, str] = {
     "code_error": "Not requeued: fix the error shown in the evidence, then resubmit.",
     "env_error": "Not requeued: run the fix the evidence names in the jobs' environment (for DeepSpeed ops: "
                  "python -m hpc_agent.prepare; for a package: pip install it, or the hpc_agent extra), then resubmit.",
+    "run_dir_busy": "Not requeued: the job named in the evidence is training this run. If it should not be, "
+                    "scancel it (it releases the lease as it ends; the lease of a killed job frees itself 60 s "
+                    "after its last heartbeat), then resubmit.",
     "unknown": "Wait and ask again: a missing sacct answer is not a failure.",
 }

@@ -11,6 +11,11 @@ rank failed first, an exit status only says how one process ended. The Slurm sta
 a job that exits 75 after SIGTERM is PREEMPTED (or CANCELLED by a person) in sacct, so 75 seen with
 FAILED means SIGUSR2, the time-limit warning.
 
+This module is the one exit-code table: ``launch/exitcodes.py`` (the job's side) imports its numbers
+and names from here, so the two cannot drift. Adding a code: one ``EXIT_*`` constant and one
+``ExitCodeMeaning`` row in ``_TABLE`` (with its short ``name``), then the alias in ``launch/exitcodes.py``
+and a row in ``docs/exit_codes.md``. Pure, torch-free.
+
 ``placeholder=True`` marks a proposal that ``launch/`` does not produce yet.
 """
 from __future__ import annotations
@@ -29,34 +34,49 @@ class ExitCodeMeaning:
     meaning: str
     placeholder: bool = False
     """True while ``launch/`` does not exit with this code (align, then flip to False)."""
+    name: str = ""
+    """The short name ``launch/`` and docs/exit_codes.md use (``out_of_memory``)."""
 
 
-# Same numbers as launch/exitcodes.py (kept apart: this package must not import launch/, which is
-# torch territory; tests/test_classify.py checks that the two tables agree).
+EXIT_OK = 0  # trained to train.max_steps (or found the run already done); not a cause, so not in EXIT_CODES
 EXIT_CRASHED = 1
 EXIT_OUT_OF_MEMORY = 3
 EXIT_DIVERGED = 65
 EXIT_UNAVAILABLE = 69
 EXIT_ENVIRONMENT = 72
+EXIT_RUN_DIR_BUSY = 73  # another live job holds the run directory's lease (hpc_agent/runlease.py); EX_CANTCREAT
 EXIT_SIGNALLED_AFTER_CHECKPOINT = 75
 EXIT_CONFIG = 78
 EXIT_GPU_HEALTH_CRITICAL = 82  # launch/gpu_health.py: exclude the node and resubmit
 
-EXIT_CODES: Mapping[int, ExitCodeMeaning] = {m.code: m for m in (
-    ExitCodeMeaning(EXIT_CRASHED, Cause.CODE_ERROR, "uncaught Python exception (a code bug)"),
-    ExitCodeMeaning(EXIT_OUT_OF_MEMORY, Cause.GPU_OOM, "the allocator raised out-of-memory (CUDA OOM)"),
-    ExitCodeMeaning(EXIT_DIVERGED, Cause.DIVERGED, "the loss became NaN/inf; no checkpoint written for it"),
+_TABLE: Tuple[ExitCodeMeaning, ...] = (
+    ExitCodeMeaning(EXIT_CRASHED, Cause.CODE_ERROR, "uncaught Python exception (a code bug)", name="crashed"),
+    ExitCodeMeaning(EXIT_OUT_OF_MEMORY, Cause.GPU_OOM, "the allocator raised out-of-memory (CUDA OOM)",
+                    name="out_of_memory"),
+    ExitCodeMeaning(EXIT_DIVERGED, Cause.DIVERGED, "the loss became NaN/inf; no checkpoint written for it",
+                    name="diverged"),
     ExitCodeMeaning(EXIT_UNAVAILABLE, Cause.CODE_ERROR,
-                    "the requested precision/backend cannot run on this node (fix the config)"),
+                    "the requested precision/backend cannot run on this node (fix the config)", name="unavailable"),
     ExitCodeMeaning(EXIT_ENVIRONMENT, Cause.ENV_ERROR,
-                    "the job's environment lacks a prepared DeepSpeed op or an optional package (fix, then resubmit)"),
+                    "the job's environment lacks a prepared DeepSpeed op or an optional package (fix, then resubmit)",
+                    name="environment"),
+    ExitCodeMeaning(EXIT_RUN_DIR_BUSY, Cause.RUN_DIR_BUSY,
+                    "another live attempt (another job) holds the run directory's lease: did not train, not requeued",
+                    name="run_dir_busy"),
     ExitCodeMeaning(EXIT_SIGNALLED_AFTER_CHECKPOINT, Cause.TIMEOUT,
-                    "SIGUSR2 (time limit near) or SIGTERM caught, complete checkpoint written: resume"),
+                    "SIGUSR2 (time limit near) or SIGTERM caught, complete checkpoint written: resume",
+                    name="preempted"),
     ExitCodeMeaning(EXIT_CONFIG, Cause.CODE_ERROR,
-                    "invalid config, or the resume cannot honour the change from the checkpoint"),
+                    "invalid config, or the resume cannot honour the change from the checkpoint", name="config"),
     ExitCodeMeaning(EXIT_GPU_HEALTH_CRITICAL, Cause.GPU_HW_ERROR,
-                    "the in-job GPU health check reported CRITICAL (ECC, Xid, GPU lost, temperature)"),
-)}
+                    "the in-job GPU health check reported CRITICAL (ECC, Xid, GPU lost, temperature)",
+                    name="gpu_critical"),
+)
+
+EXIT_CODES: Mapping[int, ExitCodeMeaning] = {m.code: m for m in _TABLE}
+
+NAMES: Mapping[int, str] = {EXIT_OK: "ok", **{m.code: m.name for m in _TABLE if not m.placeholder}}
+"""Every code the training job exits with -> its short name (``launch.exitcodes.NAMES``)."""
 
 # 0:125 in sacct is not an exit status: Slurm records signal field 125 for steps the cgroup OOM
 # killer hit (the state is then OUT_OF_MEMORY).

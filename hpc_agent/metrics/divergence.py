@@ -12,22 +12,33 @@ checkpoint from before it:
   ``grad_patience`` points in a row;
 - ``loss_scale_collapse``: FP16 dynamic loss scaling halved at least ``scale_halvings`` times in a chain
   (halvings at most ``window`` points apart, no increase between) down to within one halving of
-  ``min_loss_scale``;
+  ``min_loss_scale``; or, without such a chain, the scale sat at or below ``min_loss_scale`` for the last
+  ``stuck_points`` points (DeepSpeed gives up there: "Current loss scale already at minimum");
 - ``stalled_throughput``: samples/s below ``throughput_fraction`` x the run's median for
   ``throughput_patience`` points in a row (the first ``throughput_warmup`` points are not judged).
 
-The alarms are ``hpc_agent.diagnosis.alarms.Alarm`` objects, so the classifier and the watcher can take
-them from either module; ``LEGACY_KIND`` maps the kinds that module also reports onto its names.
-Series items may be ``Point``-like objects (``.step``, ``.value``) or ``(step, value)`` pairs.
+This is the one divergence detector. ``hpc_agent.diagnosis.alarms.fatal_alarms`` picks the fatal kinds
+(``FATAL_KINDS``: non-finite loss, loss-scale collapse) out of it for the classifier, under the names
+``LEGACY_KIND`` gives them (``nonfinite_loss``, ``loss_scale_at_minimum``). Series items may be
+``Point``-like objects (``.step``, ``.value``) or ``(step, value)`` pairs.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hpc_agent.diagnosis.alarms import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm
+
+@dataclass(frozen=True)
+class Alarm:
+    kind: str
+    """One of ``KINDS``, or (from ``hpc_agent.diagnosis.alarms``) its ``LEGACY_KIND`` name."""
+    step: int
+    """First step of the problem (where training should be rolled back *before*)."""
+    detail: str
+
 
 NAN_LOSS = "nan_loss"
 LOSS_SPIKE = "loss_spike"
@@ -35,13 +46,17 @@ GRAD_EXPLOSION = "grad_explosion"
 LOSS_SCALE_COLLAPSE = "loss_scale_collapse"
 STALLED_THROUGHPUT = "stalled_throughput"
 KINDS = (NAN_LOSS, LOSS_SPIKE, GRAD_EXPLOSION, LOSS_SCALE_COLLAPSE, STALLED_THROUGHPUT)
+FATAL_KINDS = (NAN_LOSS, LOSS_SCALE_COLLAPSE)
+"""The kinds that make an ended attempt count as diverged (the others are shown by review only)."""
+NONFINITE_LOSS = "nonfinite_loss"
+LOSS_SCALE_AT_MINIMUM = "loss_scale_at_minimum"
 LEGACY_KIND = {NAN_LOSS: NONFINITE_LOSS, LOSS_SCALE_COLLAPSE: LOSS_SCALE_AT_MINIMUM}
 """Our kind -> the kind ``hpc_agent.diagnosis.alarms`` reports for the same trouble."""
 
 MAD_TO_SIGMA = 1.4826
 _CHUNK = 20_000  # rows of trailing windows evaluated at once (bounds memory to ~CHUNK x window floats)
 
-__all__ = ["Alarm", "detect", "KINDS", "LEGACY_KIND", "NAN_LOSS", "LOSS_SPIKE", "GRAD_EXPLOSION",
+__all__ = ["Alarm", "detect", "KINDS", "FATAL_KINDS", "LEGACY_KIND", "NAN_LOSS", "LOSS_SPIKE", "GRAD_EXPLOSION",
            "LOSS_SCALE_COLLAPSE", "STALLED_THROUGHPUT"]
 
 
@@ -141,9 +156,19 @@ def _grad_explosion(steps, values, window, grad_factor, grad_patience, min_histo
                   f"median {med[i]:.6g}, for {grad_patience}+ points in a row")]
 
 
-def _loss_scale_collapse(steps, values, window, min_loss_scale, scale_halvings) -> List[Alarm]:
+def _stuck_at_minimum(steps, values, min_loss_scale, stuck_points) -> Optional[int]:
+    """First step of the trailing stretch at or below the minimum, if the last ``stuck_points`` are."""
+    if stuck_points <= 0 or len(values) < stuck_points or not np.all(values[-stuck_points:] <= min_loss_scale):
+        return None
+    above = np.nonzero(values > min_loss_scale)[0]
+    return int(steps[above[-1] + 1 if len(above) else 0])
+
+
+def _loss_scale_collapse(steps, values, window, min_loss_scale, scale_halvings, stuck_points) -> List[Alarm]:
     finite = np.isfinite(values)
     steps, values = steps[finite], values[finite]
+    stuck = _stuck_at_minimum(steps, values, min_loss_scale, stuck_points)
+    also = f"; train/loss_scale stuck at the minimum {min_loss_scale:g} since step {stuck}" if stuck is not None else ""
     chain_start = -1  # index of the first decrease of the current chain
     halvings = 0
     last_drop = -1
@@ -161,7 +186,9 @@ def _loss_scale_collapse(steps, values, window, min_loss_scale, scale_halvings) 
                 return [Alarm(LOSS_SCALE_COLLAPSE, int(steps[chain_start]),
                               f"loss scale halved {halvings} times from {values[chain_start - 1]:g} at step "
                               f"{int(steps[chain_start])} to {cur:g} at step {int(steps[i])} (minimum "
-                              f"{min_loss_scale:g})")]
+                              f"{min_loss_scale:g}){also}")]
+    if stuck is not None:
+        return [Alarm(LOSS_SCALE_COLLAPSE, stuck, also[2:])]
     return []
 
 
@@ -187,7 +214,7 @@ def detect(loss: Sequence[Any], grad_norm: Sequence[Any] = (), loss_scale: Seque
            throughput: Sequence[Any] = (), *, window: int = 50, z_threshold: float = 6.0,
            spike_patience: int = 2, min_history: int = 10, rel_floor: float = 1e-3,
            grad_factor: float = 10.0, grad_patience: int = 3,
-           min_loss_scale: float = 1.0, scale_halvings: int = 4,
+           min_loss_scale: float = 1.0, scale_halvings: int = 4, stuck_points: int = 3,
            throughput_fraction: float = 0.5, throughput_patience: int = 10,
            throughput_warmup: int = 5) -> List[Alarm]:
     """Every alarm found, ordered by the step where it began (ties: the order of ``KINDS``)."""
@@ -201,7 +228,7 @@ def detect(loss: Sequence[Any], grad_norm: Sequence[Any] = (), loss_scale: Seque
         alarms += _grad_explosion(s, v, window, grad_factor, grad_patience, min_history)
     s, v = _pairs(loss_scale)
     if len(v):
-        alarms += _loss_scale_collapse(s, v, window, min_loss_scale, scale_halvings)
+        alarms += _loss_scale_collapse(s, v, window, min_loss_scale, scale_halvings, stuck_points)
     s, v = _pairs(throughput)
     if len(v):
         alarms += _stalled_throughput(s, v, throughput_fraction, throughput_patience, throughput_warmup)

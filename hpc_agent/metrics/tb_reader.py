@@ -56,6 +56,8 @@ class _FileState:
         st = os.stat(path)
         self.ino = (st.st_dev, st.st_ino)
         self.size_seen = -1
+        self.corrupt: Optional[str] = None
+        """Why this file stopped being read (a corrupt record); None while it reads fine."""
         self.offset = 0
         """Bytes of complete records consumed so far."""
         self.records = 0
@@ -112,8 +114,8 @@ class RunScalars:
                     continue
                 self._files[key] = state
                 changed = True
-            if st.st_size == state.size_seen:
-                continue  # nothing appended: do not touch the file
+            if st.st_size == state.size_seen or state.corrupt:
+                continue  # nothing appended, or unreadable past a corrupt record: do not touch the file
             state.size_seen = st.st_size
             try:
                 n = self._read_new(state)
@@ -136,11 +138,18 @@ class RunScalars:
         count = 0
         start_offset = state.offset
         wanted = self._wanted
-        for record in state.loader.Load():
-            state.offset += len(record) + RECORD_OVERHEAD
-            state.records += 1
-            self.records_read += 1
-            event = event_pb2.Event.FromString(record)
+        records: list = []
+        try:
+            records.extend(self._records(state, event_pb2))
+        except Exception as exc:  # noqa: BLE001 - bad CRC, bad protobuf, a huge length: job-written bytes
+            if not os.path.exists(state.path):
+                raise  # vanished mid-read: update() starts it over
+            # A corrupt record is skipped and reported, never raised: one bad file must not stop a reader
+            # that follows many runs. Points before it are kept; TFRecord has no resync marker, so the rest
+            # of the file is unreadable.
+            state.corrupt = (f"{state.name}: corrupt record after byte {state.offset} ({type(exc).__name__}); "
+                             "the rest of this file is skipped")
+        for event in records:
             what = event.WhichOneof("what")
             if what == "session_log":
                 if event.session_log.status == event.session_log.START:
@@ -159,6 +168,27 @@ class RunScalars:
                 count += 1
         self.bytes_read += state.offset - start_offset
         return count
+
+    def _records(self, state: _FileState, event_pb2):
+        for record in state.loader.Load():
+            event = event_pb2.Event.FromString(record)
+            state.offset += len(record) + RECORD_OVERHEAD
+            state.records += 1
+            self.records_read += 1
+            yield event
+
+    def problems(self) -> List[str]:
+        """The event files that stopped being read, and why (shown in the audit trail, never raised). Bytes
+        after the last complete record count too: for an ended job that is a torn or corrupt tail (while a
+        job still writes, it can be a record half written)."""
+        out = []
+        for s in self._ordered_files():
+            if s.corrupt:
+                out.append(s.corrupt)
+            elif s.size_seen > s.offset:  # a CRC mismatch makes the loader wait, as for a half-written record
+                out.append(f"{s.name}: {s.size_seen - s.offset} bytes after the last complete record are unreadable "
+                           "(torn or corrupt; skipped)")
+        return out
 
     @staticmethod
     def _scalar(value, state: _FileState) -> Optional[float]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from typing import Dict, Iterable, List
 
-FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
+from hpc_agent.slurm.sacct import SACCT_FIELDS
+
+FIELDS = SACCT_FIELDS
 SQUEUE_FORMAT = "%i|%j|%T|%N|%S"
 # The last column is never left empty: a parsable line ending in '|' reads as sacct's --parsable format.
 _NO_ELAPSED = "00:00:00"
@@ -19,12 +21,15 @@ _PAIR = re.compile(r"(\w+)=(\S*)")
 
 
 def parse_scontrol_jobs(text: str) -> Dict[str, Dict[str, str]]:
-    """``scontrol show job --oneliner`` -> ``{job id: {key: value}}``."""
+    """``scontrol show job --oneliner`` -> ``{job id: {key: value}}``. An array task is keyed as squeue and
+    sacct name it, ``<ArrayJobId>_<ArrayTaskId>`` (its ``JobId`` is the task's own raw id)."""
     jobs = {}
     for line in text.splitlines():
         pairs = dict(_PAIR.findall(line))
         if "JobId" in pairs:
-            jobs[pairs["JobId"]] = pairs
+            task = pairs.get("ArrayTaskId", "")
+            key = f"{pairs['ArrayJobId']}_{task}" if pairs.get("ArrayJobId") and task.isdigit() else pairs["JobId"]
+            jobs[key] = pairs
     return jobs
 
 

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-# The format the watcher and diagnose ask for (hpc_agent.slurm.cli.SlurmCLI.sacct(fields=...)).
+# The format diagnose asks for (hpc_agent.slurm.cli.SlurmCLI.sacct(fields=...)).
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
+# The watcher's: no Elapsed, which nothing reads and which changes every second for a running job, so a
+# running job's lines stay the same from tick to tick and its parse is reused (``AttemptCache``).
+WATCH_FIELDS = tuple(f for f in SACCT_FIELDS if f != "Elapsed")
 
 STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "COMPLETING", "CONFIGURING", "DEADLINE", "FAILED",
           "NODE_FAIL", "OUT_OF_MEMORY", "PENDING", "PREEMPTED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
@@ -225,7 +229,7 @@ class Attempt:
     allocations: Tuple[SacctRow, ...]
     steps: Tuple[SacctRow, ...] = ()
 
-    @property
+    @cached_property  # an Attempt never changes; the watcher reads this tens of thousands of times a tick
     def primary(self) -> Optional[SacctRow]:
         """The allocation row that explains the attempt (the worst component of a heterogeneous job)."""
         rows = self.allocations or tuple(s for s in self.steps if s.step == "batch") or self.steps
@@ -298,6 +302,65 @@ def group_attempts(rows: Iterable[SacctRow]) -> Dict[str, List[Attempt]]:
         else:  # a step whose allocation row sacct did not print: keep it, its state still counts
             attempts.append(Attempt(row.job_key, 0, (), (row,)))
     return jobs
+
+
+def split_by_job(text: str) -> Optional[Tuple[str, Dict[str, List[str]]]]:
+    """``(header, {job key: its lines})`` for a batched sacct reply with one header, cheaply (no row is
+    parsed): what lets a watcher re-parse only the jobs whose lines changed since its last tick. None when
+    the text has no header, or more than one (then parse it whole)."""
+    header = None
+    by_job: Dict[str, List[str]] = {}
+    current, lines = "", []  # sacct prints a job's rows together: group consecutive lines
+    for line in text.splitlines():
+        head = line.split("|", 1)[0]
+        base = head.split(".", 1)[0]
+        if not base.isdigit():  # not the common 123 / 123.batch: a header, a blank line, or an odd id
+            if not line.strip():
+                continue
+            fields = line.split("|")
+            if "JobID" in fields and "State" in fields:
+                if header is not None:
+                    return None
+                header = line
+                continue
+            base = job_key_of(head)
+        if header is None:
+            continue
+        if base != current:
+            current, lines = base, by_job.setdefault(base, [])
+        lines.append(line)
+    return None if header is None else (header, by_job)
+
+
+class AttemptCache:
+    """:func:`group_attempts` of a batched sacct reply, re-parsing only the jobs whose lines changed since
+    the previous reply (a tick following thousands of running jobs parses almost nothing). The attempts of
+    an unchanged job are the very same objects as last time, which also tells the caller nothing changed."""
+
+    def __init__(self) -> None:
+        self._jobs: Dict[str, Tuple[List[str], List[Attempt]]] = {}
+        self._header = ""
+
+    def attempts(self, text: str) -> Dict[str, List[Attempt]]:
+        split = split_by_job(text)
+        if split is None:
+            self._jobs = {}
+            return group_attempts(parse_sacct(text))
+        header, by_job = split
+        if header != self._header:
+            self._jobs, self._header = {}, header
+        out: Dict[str, List[Attempt]] = {}
+        jobs: Dict[str, Tuple[List[str], List[Attempt]]] = {}
+        for key, lines in by_job.items():
+            known = self._jobs.get(key)
+            if known is None or known[0] != lines:
+                parsed = group_attempts(parse_sacct(header + "\n" + "\n".join(lines)))
+                known = (lines, parsed.get(key, []))
+            jobs[key] = known
+            if known[1]:
+                out[key] = known[1]
+        self._jobs = jobs
+        return out
 
 
 def job_key_of(job_id: str) -> str:

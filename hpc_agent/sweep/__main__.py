@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hpc_agent import rundir
 from hpc_agent.config.load import load_config, to_yaml
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.extras import MissingExtra, require
@@ -135,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from hpc_agent.ledger import Ledger
     from hpc_agent.sweep.driver import SweepDriver
 
-    (sweep_dir / "slurm").mkdir(parents=True, exist_ok=True)
+    rundir.slurm_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
     lock = hold_lock(sweep_dir / "driver.lock")  # one driver per sweep: two would ask twice as many trials
     if lock is None:
         print(f"another sweep driver runs on {sweep_dir} (driver.lock is held)", file=sys.stderr)

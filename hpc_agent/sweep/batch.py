@@ -17,6 +17,8 @@ in between would leave an array in Slurm that can only fail. So the array is sub
 and released (``scontrol release``) once submitit has returned; a restarted driver that finds a held
 array by name first gives any left-over temporary pickle its job's name (``restore_pickles``), then
 releases it. Nothing of a trial runs before everything it needs is in place, however late the restart.
+Any other held task of the sweep (``held_arrays``: one squeue for the whole sweep) is released if a running
+trial records it and cancelled if none does (``SweepDriver.settle_held``): nothing stays held for ever.
 
 Logs: the array writes every task's log into one folder (``<sweep dir>/slurm``). Diagnose and the
 watcher look in ``<run dir>/slurm/<job id>_<rank>_log.out``, so each task's log file is hard-linked
@@ -26,13 +28,13 @@ written; the jobs open their logs in append mode too).
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from hpc_agent import rundir
 from hpc_agent.config.schema import Config
 from hpc_agent.fsutil import atomic_write_json
 from hpc_agent.launcher import JOB_NAME_PREFIX, load_template, slurm_parameters
@@ -201,13 +203,35 @@ def find_array(slurm, sweep: str, batch: str, since: float) -> Optional[List[str
     return sorted(set(queued) | {row.job_id for row in parse_sacct(text)})
 
 
+HELD_REASONS = ("JobHeldUser",)  # squeue's %r for a job submitted with --hold (and not yet released)
+
+
+def held_arrays(slurm, sweep: str) -> Optional[Dict[str, str]]:
+    """This user's held jobs named for this sweep, one per array task (``123_4``; a plain ``123`` for a batch
+    of one): job id -> batch. None if squeue fails.
+
+    One squeue for the whole sweep: the name is matched by its prefix ``hpc_agent:sweep:<sweep>:``, which
+    the ``--name`` filter cannot do."""
+    prefix = array_name(sweep, "")
+    try:
+        text = slurm.run(["squeue", "--noheader", "--array", "--user", str(os.getuid()), "--states", "PENDING",
+                          "--format", "%i|%r|%j"]).stdout
+    except SlurmError:
+        return None
+    held: Dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|", 2)  # the name last: it is the one field that may hold a "|"
+        if len(parts) == 3 and parts[1] in HELD_REASONS and parts[2].startswith(prefix):
+            held[parts[0]] = parts[2][len(prefix):]
+    return held
+
+
 def link_logs(sweep_slurm: Path, run_dir: Path, job_id: str, ranks: int) -> None:
     """Make the array task's logs appear under the trial's run dir (see the module docstring)."""
-    (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-    for rank in range(ranks):
-        name = f"{job_id}_{rank}_log.out"
-        target, link = sweep_slurm / name, run_dir / "slurm" / name
-        if link.exists():
+    rundir.slurm_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    for link in rundir.log_paths(run_dir, job_id, ranks):
+        target = sweep_slurm / link.name
+        if link.exists() or link.is_symlink():
             continue
         with open(target, "a"):
             pass  # append mode: never truncates a log the running job already writes
@@ -219,7 +243,8 @@ def link_logs(sweep_slurm: Path, run_dir: Path, job_id: str, ranks: int) -> None
 
 def register_trial(ledger, job: TrialJob, job_id: str, sweep: str, batch: str, sweep_slurm: Path) -> None:
     """Enter a submitted trial in the runs ledger and its run.json (idempotent: adoption may repeat it)."""
-    from hpc_agent.submission import update_run_json
+    from hpc_agent.lifecycle import Event, EventKind, Phase
+    from hpc_agent.submission import read_run_json, update_run_json
 
     # One transaction: a driver killed half-way must not leave a submission row without its job id, which
     # the watcher would "reconcile" by name (hpc_agent:<run id>), not find, and submit a second time.
@@ -230,15 +255,17 @@ def register_trial(ledger, job: TrialJob, job_id: str, sweep: str, batch: str, s
             sub = ledger.record_intent(job.run_id, "slurm", str(job.config_path),
                                        reason=f"sweep {sweep} trial {job.number}")
             ledger.record_submitted(sub, job_id)
-            ledger.set_phase(job.run_id, "pending")
+        # Adoption may run this again: only a run still waiting for its job id moves on (never a trial the
+        # watcher has since seen run, requeued or stopped).
+        if ledger.run(job.run_id).phase == Phase.SUBMITTING.value:
+            ledger.advance(job.run_id, Event(EventKind.SUBMITTED, job_id))
     ranks = job.cfg.slurm.tasks_per_node * job.cfg.slurm.nodes
     link_logs(sweep_slurm, job.run_dir, job_id, ranks)
     # Two writes, each redone on adoption until it is there (a kill between them must not leave the
     # trial's run.json naming the plain-run job name, nor list the job id twice).
-    path = job.run_dir / "run.json"
-    if not (path.exists() and job_id in json.loads(path.read_text()).get("job_ids", [])):
+    if job_id not in read_run_json(job.run_dir).get("job_ids", []):
         update_run_json(job.run_dir, job.run_id, "slurm", job_id, job.config_path, job.cfg)
-    info = json.loads(path.read_text())
+    info = read_run_json(job.run_dir)
     sweep_info = {"job_name": array_name(sweep, batch), "sweep": sweep, "trial": job.number}
     if any(info.get(k) != v for k, v in sweep_info.items()):
-        atomic_write_json(path, dict(info, **sweep_info))
+        atomic_write_json(rundir.run_json_path(job.run_dir), dict(info, **sweep_info))

@@ -13,58 +13,34 @@ One loop, resumable at any point because every step is recorded before it is act
   the objective tag's value at its last step; FAIL when the watcher stopped it. A preempted or OOM-ed
   trial is neither: the watcher requeues or resubmits it, and the driver follows the run's latest job.
 
-A restarted driver adopts the study's RUNNING trials (``adopt``) instead of asking new ones. Each kill
-point leaves a state it recognises: a trial asked but cut short inside ``ask`` (params completed, then
-submitted), one whose intent is incomplete or whose array never reached Slurm (submitted again), one
-whose held array is in Slurm without recorded job ids (found by name, pickles restored, released,
-registered), one with a job id (followed). The ledger registration is one transaction.
+A restarted driver first adopts what a killed one left: ``adopt.py``.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from hpc_agent import rundir
 from hpc_agent.config.load import load_config
+from hpc_agent.journal import Journal
+from hpc_agent.lifecycle import TERMINAL, Event, EventKind, Phase
 from hpc_agent.metrics.tb_reader import Point, RunScalars
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from hpc_agent.submission import crash_point, write_config
-from hpc_agent.sweep.batch import (TrialJob, find_array, register_trial, release_array, restore_pickles, submit_array,
-                                   task_job_id)
+from hpc_agent.sweep import adopt as adoption
+from hpc_agent.sweep.adopt import complete_params  # noqa: F401 (re-exported: the tests import it from here)
+from hpc_agent.sweep.batch import TrialJob, register_trial, release_array, submit_array
 from hpc_agent.sweep.spec import SweepSpec, distributions, trial_overrides, trial_run_id
-
-# Trial user attributes (the trial's own record of where its run is).
-A_RUN_ID, A_RUN_DIR, A_BATCH, A_INDEX, A_SIZE, A_INTENT, A_JOB = (
-    "run_id", "run_dir", "batch", "batch_index", "batch_size", "intent_at", "job_id")
-A_PRUNED = "pruned_at_step"
-A_FAIL = "fail_reason"
+from hpc_agent.sweep.trial_attrs import A_BATCH, A_FAIL, A_INDEX, A_INTENT, A_JOB, A_PRUNED, A_RUN_DIR, A_RUN_ID, A_SIZE
 
 
 def objective_value(points: Sequence[Point]) -> Optional[float]:
     """The objective: the tag's value at the last step logged (None if the tag never appeared)."""
     return max(points, key=lambda p: p.step).value if points else None
-
-
-def complete_params(trial, dists: Dict[str, Any]) -> List[str]:
-    """Suggest the params a trial lacks: a driver killed inside ``study.ask`` (which stores the trial, then
-    its params one by one) leaves a RUNNING trial that would otherwise run with the config's defaults
-    for the rest. Returns the names suggested now."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
-    missing = [name for name in dists if name not in trial.params]
-    for name in missing:
-        dist = dists[name]
-        if isinstance(dist, CategoricalDistribution):
-            trial.suggest_categorical(name, dist.choices)
-        elif isinstance(dist, IntDistribution):
-            trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
-        else:
-            trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
-    return missing
 
 
 def _say_now(text: str) -> None:
@@ -140,59 +116,19 @@ class SweepDriver:
             out[t.state.name] = out.get(t.state.name, 0) + 1
         return out
 
-    # --- start-up: adopt what a killed driver left ------------------------------------------------------
+    # --- start-up: adopt what a killed driver left (adopt.py) ---------------------------------------------
     def adopt(self) -> None:
-        import optuna
+        """Take over the study's RUNNING trials (followed, submitted again or registered; ``adopt.adopt``)."""
+        adoption.adopt(self)
 
-        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        reached = []  # (trial, frozen trial, job id): in Slurm, its job id recorded nowhere yet
-        for frozen in running:
-            attrs = frozen.user_attrs
-            trial = self._trial_obj(frozen)
-            if A_JOB in attrs:
-                self._follow(trial, attrs, set(frozen.intermediate_values))
-                self.say(f"trial {frozen.number}: adopted run {attrs[A_RUN_ID]} (job {attrs[A_JOB]})")
-                continue
-            # A_INTENT is the last attribute written before sbatch: without it, sbatch never ran.
-            if A_INTENT in attrs:
-                found = find_array(self.slurm, self.spec.name, attrs[A_BATCH], attrs[A_INTENT])
-                if found is None:
-                    raise SlurmError("Slurm does not answer; cannot tell whether an interrupted submission "
-                                     "reached it. Run the sweep again when squeue/sacct work.")
-                job_id = task_job_id(found, attrs[A_INDEX], attrs[A_SIZE])
-                if job_id is not None:
-                    reached.append((trial, frozen, job_id))
-                    continue
-            completed = complete_params(trial, distributions(self.spec))
-            if completed:
-                self.say(f"trial {frozen.number}: was cut short while being asked; sampled {', '.join(completed)}")
-            self.say(f"trial {frozen.number}: was asked but never reached Slurm; submitting it now")
-            self.unsubmitted.append(trial)
-        if not reached:
-            return
-        # The array is held (batch.py): every task's pickle in place first, then release, then register.
-        restored = restore_pickles(self.sweep_dir / "slurm", {job_id: Path(f.user_attrs[A_RUN_DIR])
-                                                              for _, f, job_id in reached})
-        release_array(self.slurm, [job_id for _, _, job_id in reached])
-        for trial, frozen, job_id in reached:
-            attrs = frozen.user_attrs
-            self._record_job(trial, frozen.number, attrs[A_BATCH], job_id)
-            self._follow(trial, dict(attrs, **{A_JOB: job_id}), set(frozen.intermediate_values))
-            note = " (restored its submitit pickle)" if job_id in restored else ""
-            self.say(f"trial {frozen.number}: its array reached Slurm as job {job_id}; adopted{note}")
-
-    def _record_job(self, trial, number: int, batch: str, job_id: str) -> None:
-        run_id = trial_run_id(self.spec.name, number)
-        run_dir = self.runs_root / run_id
-        _, cfg = self._trial_config(number, trial.params)
-        job = TrialJob(number, run_id, run_dir, run_dir / "config.yaml", cfg)
-        register_trial(self.ledger, job, job_id, self.spec.name, batch, self.sweep_dir / "slurm")
-        self._set(trial, A_JOB, job_id)
+    def settle_held(self, adopting: Sequence[str] = ()) -> None:
+        """Release or cancel every held task of this sweep's arrays still in the queue (``adopt.settle_held``)."""
+        adoption.settle_held(self, adopting)
 
     def _follow(self, trial, attrs: Dict[str, Any], reported: Optional[set] = None) -> None:
         run_dir = Path(attrs[A_RUN_DIR])
         self.followed[trial.number] = Followed(trial, attrs[A_RUN_ID], run_dir,
-                                               RunScalars(run_dir / "tb", tags=[self.spec.tag]),
+                                               RunScalars(rundir.tb_dir(run_dir), tags=[self.spec.tag]),
                                                reported=set(reported or ()))
 
     # --- submit -----------------------------------------------------------------------------------------
@@ -215,24 +151,24 @@ class SweepDriver:
         for index, trial in enumerate(trials):
             run_id, cfg = self._trial_config(trial.number, trial.params)
             run_dir = self.runs_root / run_id
-            for sub in ("tb", "checkpoints", "slurm"):
-                (run_dir / sub).mkdir(parents=True, exist_ok=True)
-            write_config(run_dir, cfg)
-            jobs.append(TrialJob(trial.number, run_id, run_dir, run_dir / "config.yaml", cfg))
+            for sub in (rundir.tb_dir, rundir.checkpoints_dir, rundir.slurm_dir):
+                sub(run_dir).mkdir(parents=True, exist_ok=True)
+            jobs.append(TrialJob(trial.number, run_id, run_dir, write_config(run_dir, cfg), cfg))
             # One attribute per storage write; A_INTENT goes last and marks the intent complete (adopt).
             for key, value in ((A_RUN_ID, run_id), (A_RUN_DIR, str(run_dir)), (A_BATCH, batch), (A_INDEX, index),
                                (A_SIZE, len(trials)), (A_INTENT, self.clock())):
                 self._set(trial, key, value)
         crash_point("sweep_after_intent")  # tests: the intent is recorded, sbatch never ran
         try:
-            job_ids = self.submit(jobs, self.spec.name, batch, self.spec.parallel, self.sweep_dir / "slurm")
+            job_ids = self.submit(jobs, self.spec.name, batch, self.spec.parallel, rundir.slurm_dir(self.sweep_dir))
         except Exception as exc:  # noqa: BLE001 - submitit raises plain exceptions carrying sbatch's stderr
             # The trials keep their intent: the next driver finds no array by that name and submits them again.
             raise SlurmError(f"sbatch refused the array for trials {[j.number for j in jobs]}: {exc}") from exc
+        crash_point("sweep_before_release")  # tests: the array is in Slurm, held (see settle_held)
         release_array(self.slurm, job_ids)  # submitted held: submitit has now put every pickle in place
         crash_point("sweep_after_submit")  # tests: the array is in Slurm, its job ids recorded nowhere
         for trial, job, job_id in zip(trials, jobs, job_ids):
-            register_trial(self.ledger, job, job_id, self.spec.name, batch, self.sweep_dir / "slurm")
+            register_trial(self.ledger, job, job_id, self.spec.name, batch, rundir.slurm_dir(self.sweep_dir))
             self._set(trial, A_JOB, job_id)
             self._follow(trial, {A_RUN_ID: job.run_id, A_RUN_DIR: str(job.run_dir)})
             params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
@@ -250,6 +186,10 @@ class SweepDriver:
             run = self.ledger.run(f.run_id)
             sub = self.ledger.latest_submission(f.run_id)
             state = states.get(sub.job_id) if sub is not None else None
+            if pruned and run is not None and Phase(run.phase) not in TERMINAL:
+                # Pruned by a driver killed before it stopped the run: finish that first.
+                self._cancel(f, f.trial.user_attrs[A_PRUNED])
+                run = self.ledger.run(f.run_id)
             outcome = trial_outcome(run.phase if run else None, state, pruned)
             if outcome is None and f.trial.should_prune():
                 # Checked only while the run is unfinished: a trial that already completed is told as
@@ -280,20 +220,36 @@ class SweepDriver:
 
     def _prune(self, f: Followed, step: int) -> None:
         """Record, stop following in the ledger, then cancel: a crash at any point leaves a trial that the
-        next driver still tells as PRUNED, and a watcher that never mistakes the cancel for a failure."""
+        next driver still tells as PRUNED (and stops first, see ``poll``), and a watcher that never mistakes
+        the cancel for a failure."""
         self._set(f.trial, A_PRUNED, step)
-        self.ledger.set_phase(f.run_id, "stopped")
+        ids = self._cancel(f, step)
+        self.say(f"trial {f.trial.number}: pruned at step {step} ({self.spec.pruner.kind} pruner); job(s) "
+                 f"{', '.join(ids)} cancelled")
+
+    def _cancel(self, f: Followed, step: int) -> List[str]:
+        """Move the pruned trial's run to ``stopped`` (the lifecycle's CANCELLED edge), then scancel its jobs.
+        Idempotent: a driver killed half-way through ``_prune`` finishes it on adoption."""
         ids = [s.job_id for s in self.ledger.submissions(f.run_id) if s.job_id]
+        run = self.ledger.run(f.run_id)
+        advanced = run is not None and Phase(run.phase) not in TERMINAL
+        journal = Journal(self.ledger)
+        if advanced:  # the phase and its audit record together (the audit trail lives in the ledger's journal)
+            with self.ledger.transaction():
+                self.ledger.advance(f.run_id, Event(EventKind.CANCELLED, ids[-1] if ids else None,
+                                                    detail={"reason": f"pruned at step {step}"}))
+                journal.add_audit(f.run_id, {"action": "pruned", "step": step,
+                                             "reason": f"{self.spec.pruner.kind} pruner"})
         try:
             self.slurm.run(["scancel", *ids], check=False)
         except SlurmError as exc:
             self.say(f"trial {f.trial.number}: scancel failed ({exc}); the job runs to its end")
-        with open(f.run_dir / "events.jsonl", "a") as handle:
-            handle.write(json.dumps({"time": _dt.datetime.fromtimestamp(self.clock()).isoformat(timespec="seconds"),
-                                     "run_id": f.run_id, "action": "pruned", "step": step,
-                                     "reason": f"{self.spec.pruner.kind} pruner"}) + "\n")
-        self.say(f"trial {f.trial.number}: pruned at step {step} ({self.spec.pruner.kind} pruner); job(s) "
-                 f"{', '.join(ids)} cancelled")
+        try:  # events.jsonl from the journal; a failure here is retried by the watcher's next tick
+            journal.flush_events(f.run_id, f.run_dir, lambda at: _dt.datetime.fromtimestamp(at).isoformat(
+                timespec="seconds"))
+        except OSError as exc:
+            self.say(f"trial {f.trial.number}: events.jsonl not written ({exc}); the audit is in the ledger")
+        return ids
 
     def _tell(self, f: Followed, outcome: str) -> None:
         import optuna
@@ -311,7 +267,7 @@ class SweepDriver:
                 return
             reason = f"the run completed without logging {self.spec.tag}"
         else:
-            reason = "the watcher stopped the run (see its events.jsonl)"
+            reason = f"the watcher stopped the run (see its {rundir.EVENTS})"
         self._set(f.trial, A_FAIL, reason)
         self.study.tell(f.trial, state=optuna.trial.TrialState.FAIL)
         self.say(f"trial {f.trial.number}: failed: {reason}")

@@ -1,0 +1,210 @@
+"""Carrying out the journaled effects of a decision, each idempotently (the I/O half of the watcher).
+
+Each function may run twice for one effect: the watcher can be killed after the action and before the
+journal marks it done. So each first looks at what already happened: a requeue is skipped when the job
+is queued again; a resubmission whose intent is in the ledger asks Slurm for the run's job name
+instead of calling sbatch again, and only when Slurm has no such job and the intent is older than any
+sbatch still in flight could be does it submit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from hpc_agent import rundir
+from hpc_agent.checkpoints import set_aside_after
+from hpc_agent.journal import EffectRow
+from hpc_agent.launcher import job_name_for
+from hpc_agent.ledger import Ledger, Run, Submission
+from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase
+from hpc_agent.policy import apply_patch
+from hpc_agent.slurm.queries import jobs_named, queue_state
+from hpc_agent.submission import SubmittedButIncomplete, crash_point, write_config
+
+INTENT_GRACE_S = 120.0
+"""How long an sbatch may still be in flight after its intent was recorded (submitit runs sbatch with no
+timeout; sbatch answers in well under a second on a healthy cluster). A younger intent without a job id
+is left alone: its submitter (or the sbatch child of a killed one) may still be submitting it."""
+
+
+class Retry(Exception):
+    """Not done yet: leave the effect pending and try again on the next tick."""
+
+
+@dataclass
+class Context:
+    ledger: Ledger
+    slurm: Any
+    submit: Callable[..., Any]
+    executor: str
+    say: Callable[[str, str], None]
+    clock: Callable[[], float]
+    intent_grace_s: float = INTENT_GRACE_S
+
+
+def carry_out(ctx: Context, run: Run, effect: EffectRow) -> str:
+    """Do one effect; returns what happened. Raises Retry (or SlurmError/OSError) to be retried later."""
+    return _HANDLERS[effect.kind](ctx, run, effect)
+
+
+def _requeue(ctx: Context, run: Run, e: EffectRow) -> str:
+    state = queue_state(ctx.slurm, e.job_id)
+    if state is None:
+        raise Retry("squeue did not answer")
+    if state:  # queued again: we requeued it before a crash, or Slurm did
+        return f"already queued ({state})"
+    ctx.slurm.run(["scontrol", "requeue", e.job_id])
+    crash_point("after_requeue")
+    ctx.say(run.run_id, f"requeued job {e.job_id}")
+    return "requeued"
+
+
+def _expedite(ctx: Context, run: Run, e: EffectRow) -> str:
+    from hpc_agent.slurm.cli import SlurmError
+
+    try:
+        ctx.slurm.run(["scontrol", "update", f"JobId={e.job_id}", "StartTime=now"])
+    except SlurmError as exc:  # not worth a retry: the job starts anyway, after Slurm's own delay
+        ctx.say(run.run_id, f"expedite of job {e.job_id} failed ({exc}); it starts after Slurm's delay")
+        return f"failed: {exc}"
+    ctx.say(run.run_id, f"expedited job {e.job_id} (StartTime=now)")
+    return "expedited"
+
+
+def _exclude(ctx: Context, run: Run, e: EffectRow) -> str:
+    nodes = e.args["nodes"]
+    ctx.slurm.run(["scontrol", "update", f"JobId={e.job_id}", f"ExcNodeList={nodes}"])
+    cfg = rundir.load_config(Path(run.run_dir))
+    write_config(Path(run.run_dir), apply_patch(cfg, e.args["patch"]))  # setting a value twice is harmless
+    ctx.say(run.run_id, f"requeued job {e.job_id} now excludes {nodes}")
+    return f"excluded {nodes}"
+
+
+def _cancel(ctx: Context, run: Run, e: EffectRow) -> str:
+    ctx.slurm.run(["scancel", e.job_id])
+    return "cancelled"
+
+
+def _notify(ctx: Context, run: Run, e: EffectRow) -> str:
+    ctx.say(run.run_id, str(e.args.get("text", "")))
+    return "said"
+
+
+def _resubmit(ctx: Context, run: Run, e: EffectRow) -> str:
+    mine = [s for s in ctx.ledger.submissions(run.run_id) if s.id > e.after_submission]
+    for sub in mine:
+        if sub.job_id:
+            return f"submitted as job {sub.job_id}"
+        if not sub.error:
+            found = settle_intent(ctx, run, sub)
+            if found:
+                return f"submitted as job {found} (found in Slurm after a restart)"
+    run_dir = Path(run.run_dir)
+    cfg = apply_patch(rundir.load_config(run_dir), e.args.get("patch", {}))
+    to_step, before_step = e.args.get("rollback_to_step"), e.args.get("rollback_before_step")
+    if to_step is not None or before_step is not None:
+        moved = set_aside_after(run_dir, to_step, before_step)
+        if moved:
+            ctx.say(run.run_id, f"rollback: set aside checkpoints {', '.join(moved)}")
+    n = len(ctx.ledger.submissions(run.run_id))
+    write_config(run_dir, cfg, name=rundir.config_history_path(run_dir, n).name)  # every attempt's config
+    path = write_config(run_dir, cfg)
+    try:
+        job = ctx.submit(ctx.ledger, run.run_id, run_dir, cfg, path, ctx.executor, reason=e.args.get("reason", ""))
+    except SubmittedButIncomplete as exc:  # sbatch answered; only the bookkeeping after it failed
+        ctx.say(run.run_id, f"resubmitted as job {exc.job_id} ({exc})")
+        return f"submitted as job {exc.job_id}"
+    except Exception as exc:  # noqa: BLE001 - submitit raises plain exceptions carrying sbatch's stderr
+        raise Retry(f"sbatch failed: {exc}") from exc
+    job_id = getattr(job, "job_id", job)
+    ctx.say(run.run_id, f"resubmitted as job {job_id}")
+    return f"submitted as job {job_id}"
+
+
+def settle_intent(ctx: Context, run: Run, sub: Submission) -> Optional[str]:
+    """An intent without a job id: the job id Slurm has for it, or None after marking it abandoned (Slurm
+    has no job under the run's name and the intent is older than any sbatch in flight). Raises Retry while
+    the intent is young or Slurm cannot be asked: never submit a second job on a guess."""
+    age = ctx.clock() - sub.intent_at
+    if age < ctx.intent_grace_s:
+        raise Retry(f"intent #{sub.id} is {age:.0f} s old; an sbatch may still be in flight "
+                    f"(waiting {ctx.intent_grace_s:.0f} s before asking Slurm)")
+    found = jobs_named(ctx.slurm, job_name_for(run.run_id), since=sub.intent_at)
+    if found is None:
+        raise Retry("cannot reach Slurm to settle the pending intent")
+    known = {s.job_id for s in ctx.ledger.submissions(run.run_id) if s.job_id}
+    new = [j for j in found if j not in known]
+    if new:
+        with ctx.ledger.transaction():
+            ctx.ledger.record_submitted(sub.id, new[-1])
+            if ctx.ledger.run(run.run_id).phase in ("submitting", "recovering"):
+                ctx.ledger.advance(run.run_id, Event(EventKind.FOUND if _submitting(ctx, run) else EventKind.SUBMITTED,
+                                                     new[-1]))
+        ctx.say(run.run_id, f"reconciled: intent #{sub.id} reached Slurm as job {new[-1]}")
+        return new[-1]
+    ctx.ledger.record_failed(sub.id, "abandoned: the submitter died before sbatch")
+    ctx.say(run.run_id, f"reconciled: intent #{sub.id} never reached Slurm")
+    return None
+
+
+def _submitting(ctx: Context, run: Run) -> bool:
+    return ctx.ledger.run(run.run_id).phase == "submitting"
+
+
+_HANDLERS = {"requeue": _requeue, "expedite": _expedite, "exclude": _exclude, "cancel": _cancel,
+             "notify": _notify, "resubmit": _resubmit}
+
+
+class Carrier:
+    """Carries out the journal: each run's pending effects in order (stopping at the first that must be
+    retried), start-up settling of intents without a job id, and events.jsonl from the audit records.
+    ``guard(run, job_id, step)`` is the watcher's per-run isolation: one run's failure parks that run."""
+
+    def __init__(self, ctx: Context, journal, guard: Callable[..., None], time_of: Callable[[float], str]):
+        self.ctx, self.journal, self.guard, self.time_of = ctx, journal, guard, time_of
+
+    def settle(self) -> None:
+        """Pending effects (a previous tick's, or a killed watcher's), then intents without a job id."""
+        ledger = self.ctx.ledger
+        for run_id in sorted(self.journal.pending_runs()):
+            run = ledger.run(run_id)
+            if run is not None and Phase(run.phase) in FOLLOWED:
+                self.guard(run, "", lambda run=run: self.run_effects(run))
+        busy = self.journal.pending_runs()  # a resubmission's own intent is settled by its effect
+        for run, sub in ledger.open_intents([p.value for p in FOLLOWED]):
+            if run.run_id not in busy:
+                self.guard(run, "", lambda run=run, sub=sub: self._settle_intent(run, sub))
+
+    def _settle_intent(self, run: Run, sub: Submission) -> None:
+        try:
+            found = settle_intent(self.ctx, run, sub)
+        except Retry:
+            return
+        if found is None:
+            self.ctx.say(run.run_id, f"intent #{sub.id} never reached Slurm; submitting it now")
+            self.ctx.submit(self.ctx.ledger, run.run_id, Path(run.run_dir), rundir.load_config(Path(run.run_dir)),
+                            Path(sub.config_path), sub.executor, reason=sub.reason)
+
+    def run_effects(self, run: Run) -> None:
+        from hpc_agent.slurm.cli import SlurmError
+
+        for effect in self.journal.pending(run.run_id):
+            try:
+                result = carry_out(self.ctx, run, effect)
+            except (Retry, SlurmError, OSError) as exc:
+                self.journal.mark_try(effect.id, str(exc))
+                self.ctx.say(run.run_id, f"{effect.kind} not done yet ({exc}); will retry next tick")
+                return
+            self.journal.mark_done(effect.id, result)
+        if Phase(self.ctx.ledger.run(run.run_id).phase) is Phase.RECOVERING:
+            self.ctx.ledger.advance(run.run_id, Event(EventKind.RECOVERED))
+        self.flush_events([run.run_id])
+
+    def flush_events(self, run_ids=None) -> None:
+        for run_id in sorted(run_ids if run_ids is not None else self.journal.unwritten_runs()):
+            run = self.ctx.ledger.run(run_id)
+            try:
+                self.journal.flush_events(run_id, Path(run.run_dir), self.time_of, crash_point)
+            except OSError as exc:  # the audit stays in the ledger; retried next tick
+                self.ctx.say(run_id, f"events.jsonl not written ({exc}); the audit is kept in the ledger")

@@ -1,0 +1,127 @@
+"""The values the watcher's pure core works on: the effects (data), a run's state, an observation, an outcome.
+
+``hpc_agent.follow`` computes with them; ``hpc_agent.journal`` stores them; ``hpc_agent.effects`` carries
+the effects out. Plain frozen dataclasses: no I/O here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Optional, Tuple
+
+from hpc_agent.config.schema import Config
+from hpc_agent.diagnosis.alarms import Alarm
+from hpc_agent.diagnosis.logscan import LogText
+from hpc_agent.lifecycle import Phase
+from hpc_agent.policy import PastAttempt
+from hpc_agent.slurm.sacct import Attempt
+
+
+# --- effects: data, carried out by hpc_agent/effects.py -------------------------------------------------
+@dataclass(frozen=True)
+class Effect:
+    kind: str
+    job_id: str = ""
+    args: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "job_id": self.job_id, "args": self.args}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "Effect":
+        return cls(str(data["kind"]), str(data.get("job_id", "")), dict(data.get("args", {})))
+
+
+REQUEUE_EFFECT, EXPEDITE, RESUBMIT_EFFECT, EXCLUDE, CANCEL, NOTIFY = (
+    "requeue", "expedite", "resubmit", "exclude", "cancel", "notify")
+
+
+def Requeue(job_id: str) -> Effect:  # noqa: N802 - effect constructors read like the data they build
+    return Effect(REQUEUE_EFFECT, job_id)
+
+
+def Expedite(job_id: str) -> Effect:  # noqa: N802
+    return Effect(EXPEDITE, job_id)
+
+
+def Resubmit(job_id: str, patch: Dict[str, Any], reason: str, rollback_to_step: Optional[int] = None,
+             rollback_before_step: Optional[int] = None) -> Effect:  # noqa: N802
+    return Effect(RESUBMIT_EFFECT, job_id, {"patch": dict(patch), "reason": reason, "rollback_to_step": rollback_to_step,
+                                            "rollback_before_step": rollback_before_step})
+
+
+def Exclude(job_id: str, nodes: str, patch: Dict[str, Any]) -> Effect:  # noqa: N802
+    return Effect(EXCLUDE, job_id, {"nodes": nodes, "patch": dict(patch)})
+
+
+def Cancel(job_id: str) -> Effect:  # noqa: N802
+    return Effect(CANCEL, job_id)
+
+
+def Notify(text: str) -> Effect:  # noqa: N802
+    return Effect(NOTIFY, "", {"text": text})
+
+
+# --- inputs --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunState:
+    """What the ledger knows about one run (read by the watcher before the tick)."""
+
+    run_id: str
+    phase: Phase
+    job_id: str
+    history: Tuple[PastAttempt, ...] = ()
+    decided: FrozenSet[int] = frozenset()
+    """Attempt indexes of ``job_id`` that already have a recorded decision."""
+    expedited: FrozenSet[int] = frozenset()
+    last_ckpt_step: Optional[int] = None
+    """The checkpoint step recorded with the newest decision that had one (progress is measured from it)."""
+    attempt_offset: int = 0
+    """Attempts of this run's earlier jobs (a run spans several jobs when resubmitted)."""
+    last_decision: Optional[Dict[str, Any]] = None
+    """The newest recorded decision: ``job_id``, ``attempt``, ``action``, ``decision`` (for a legacy
+    ``recovering`` run whose effects were never journaled)."""
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What the run's files say, read bounded by the watcher; ``problems`` are reasons it cannot be followed."""
+
+    config: Optional[Config] = None
+    logs: Tuple[LogText, ...] = ()
+    alarms: Tuple[Alarm, ...] = ()
+    checkpoint_steps: Tuple[int, ...] = ()
+    problems: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()
+    """Things skipped and reported (a corrupt TensorBoard tail), which do not stop following."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    attempts: Tuple[Attempt, ...]
+    queue: Optional[str] = None
+    """squeue's state for the job ("" not queued, None no answer, NOT_ASKED: ask only if needed)."""
+    files: Optional[RunFiles] = None
+
+
+NOT_ASKED = "?"
+
+
+@dataclass(frozen=True)
+class Wants:
+    queue: bool = False
+    files: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    phase: Phase
+    effects: Tuple[Effect, ...] = ()
+    decision: Optional[Dict[str, Any]] = None
+    """A decision row for the ledger (job_id, attempt, cause, action, reason, patch, evidence, ckpt_step, decision)."""
+    expedite_attempt: Optional[int] = None
+    audit: Tuple[Dict[str, Any], ...] = ()
+    lines: Tuple[str, ...] = ()
+    ask_queue: bool = False
+    """Call again with squeue's word: the decision acts only on a job Slurm no longer queues."""
+    wait_note: Optional[int] = None
+    """An attempt index deferred while Slurm still queues the job (said once per attempt by the watcher)."""

@@ -1,0 +1,193 @@
+"""What a run did, read from its run directory and the ledger: attempts, causes, steps, timings, scalars.
+
+The data half of ``review`` (the CLI prints it); the chaos driver reads it too. Login-node code: no torch.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from hpc_agent import rundir
+from hpc_agent.ledger import LEDGER_FILE
+from hpc_agent.lifecycle import TERMINAL, Phase
+from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
+from hpc_agent.review_plot import boundary_labels
+
+LOSS, LR, STEP_TIME, SAMPLES = "train/loss", "train/lr", "perf/step_time_s", "perf/samples_per_s"
+PLOT_TAGS = (LOSS, LR, SAMPLES)
+LIVE_PHASES = {p.value for p in Phase if p not in TERMINAL}  # parked runs are live: not finished
+
+_ATTEMPT = re.compile(r"\.attempt(\d+)$")
+
+
+def attempt_of(file_name: str) -> Optional[int]:
+    match = _ATTEMPT.search(file_name)
+    return int(match.group(1)) if match else None
+
+
+class Scalars:
+    """The run's TensorBoard scalars through the incremental reader; an absent ``tb/`` reads as empty."""
+
+    def __init__(self, tb_dir: Path):
+        self._rs = RunScalars(tb_dir) if tb_dir.is_dir() else None
+        if self._rs is not None:
+            self._rs.update()
+
+    def tags(self) -> List[str]:
+        return sorted(self._rs.tags()) if self._rs is not None else []
+
+    def raw(self, tag: str) -> List[Tuple[str, Any]]:
+        return list(self._rs.raw(tag)) if self._rs is not None else []
+
+    def series(self, tag: str) -> List[Any]:
+        return list(self._rs.series(tag)) if self._rs is not None else []
+
+
+# --- run discovery ----------------------------------------------------------------------------------------
+def _is_run_dir(path: Path) -> bool:
+    return rundir.is_run_dir(path)
+
+
+def _read_json(path: Path) -> Dict[str, Any]:
+    """A JSON object the job may have written: bounded, regular file only; {} if absent or unreadable."""
+    try:
+        info = json.loads(rundir.read_bounded(path, rundir.JSON_MAX_BYTES))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def read_events(run_dir: Path) -> List[Dict[str, Any]]:
+    out = []
+    path = rundir.events_path(run_dir)
+    try:
+        text = rundir.read_tail(path, rundir.JSON_MAX_BYTES)[0] if path.exists() else ""
+    except OSError:  # a link or a FIFO in the run dir: not the watcher's audit trail
+        text = ""
+    if text:
+        for line in text.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line while the watcher writes
+    return out
+
+
+def _ledger(runs_root: Path):
+    if not (runs_root / LEDGER_FILE).exists():
+        return None
+    from hpc_agent.ledger import Ledger
+    return Ledger.in_runs_root(runs_root)
+
+
+def find_runs(path: Path) -> Tuple[Path, List[Path]]:
+    """``(runs_root, run_dirs)`` for a run directory or a runs root."""
+    if _is_run_dir(path) and not (path / LEDGER_FILE).exists():
+        return path.parent, [path]
+    dirs = {p.resolve() for p in path.iterdir() if p.is_dir() and _is_run_dir(p)}
+    ledger = _ledger(path)
+    if ledger is not None:
+        try:
+            dirs |= {Path(r.run_dir).resolve() for r in ledger.runs() if Path(r.run_dir).is_dir()}
+        finally:
+            ledger.close()
+    return path, sorted(dirs)
+
+
+def _iso_to_ts(text: Any) -> Optional[float]:
+    try:
+        return _dt.datetime.fromisoformat(str(text)).timestamp()
+    except ValueError:
+        return None
+
+
+# --- one run ----------------------------------------------------------------------------------------------
+def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[float] = None) -> Dict[str, Any]:
+    """Everything the table, the JSON and the plot show for one run."""
+    run_dir = Path(run_dir)
+    runs_root = Path(runs_root) if runs_root else run_dir.parent
+    info = _read_json(rundir.run_json_path(run_dir))
+    run_id = info.get("run_id") or run_dir.name
+    events = read_events(run_dir)
+    phase, created_at, submissions, decision_causes = None, None, [], []
+    ledger = _ledger(runs_root)
+    if ledger is not None:
+        try:
+            row = ledger.run(run_id) or next((r for r in ledger.runs() if Path(r.run_dir).resolve()
+                                              == run_dir.resolve()), None)
+            if row is not None:
+                run_id, phase, created_at = row.run_id, row.phase, row.created_at
+                submissions = ledger.submissions(run_id)
+                decision_causes = [d.cause for d in ledger.decisions(run_id)]
+        finally:
+            ledger.close()
+    if phase is None:
+        phase = "completed" if any(e.get("cause") == "completed" for e in events) else "unknown"
+    max_steps = None
+    if rundir.config_path(run_dir).exists():
+        try:
+            max_steps = rundir.load_config(run_dir).train.max_steps
+        except Exception:  # a broken snapshot should not hide the rest of the review
+            max_steps = None
+
+    scalars = Scalars(rundir.tb_dir(run_dir))
+    loss = scalars.series(LOSS)
+    step_tag = STEP_TIME if scalars.raw(STEP_TIME) else LOSS
+    raw_steps = scalars.raw(step_tag)
+    winning_steps = scalars.series(step_tag)
+    steps_lost = len(raw_steps) - len(winning_steps)  # points a later attempt overwrote
+    productive = sum(p.value for p in scalars.series(STEP_TIME))
+    kept = {(p.step, p.wall_time) for p in loss}
+    lost_loss = [p for _, p in scalars.raw(LOSS) if (p.step, p.wall_time) not in kept]
+
+    # attempts as the event files show them: first step and wall time of each file
+    per_file: Dict[str, List[Any]] = {}
+    for tag in scalars.tags():
+        for name, point in scalars.raw(tag):
+            per_file.setdefault(name, []).append(point)
+    files = sorted(per_file, key=file_order_key)
+    starts: Dict[int, Tuple[int, float]] = {}
+    for index, name in enumerate(files):
+        attempt = attempt_of(name) if attempt_of(name) is not None else index
+        first = min(per_file[name], key=lambda p: (p.wall_time, p.step))
+        starts[attempt] = (min(p.step for p in per_file[name]), first.wall_time)
+
+    boundaries = boundary_labels(events)
+    for b in boundaries:
+        step, wall = starts.get(b["attempt"], (None, None))
+        b["step"] = step
+        b["wall_time"] = wall if wall is not None else _iso_to_ts(b.pop("time", None))
+        b.pop("time", None)
+
+    all_walls = [p.wall_time for tag in scalars.tags() for _, p in scalars.raw(tag)]
+    event_attempts = [e["attempt"] for e in events if isinstance(e.get("attempt"), int)]
+    attempts = max([len(submissions), len(info.get("job_ids", [])), len(starts), len(boundaries) + 1 if events else 0,
+                    max(event_attempts) + 1 if event_attempts else 0])
+    start = (created_at or (submissions[0].intent_at if submissions else None)
+             or _iso_to_ts(info.get("submitted_at")) or (min(all_walls) if all_walls else None))
+    now = time.time() if now is None else now
+    end = now if phase in LIVE_PHASES else (max(all_walls) if all_walls else None)
+    ettr = None
+    if start is not None and end is not None and end > start:
+        ettr = round(min(1.0, productive / (end - start)), 4)
+    samples = [p.value for p in scalars.series(SAMPLES)]
+    causes = sorted({str(e["cause"]) for e in events if e.get("cause")} | set(decision_causes))
+    return {
+        "run_id": run_id, "run_dir": str(run_dir), "phase": phase, "attempts": attempts, "causes": causes,
+        "step": loss[-1].step if loss else None, "max_steps": max_steps,
+        "steps": {"first": loss[0].step if loss else None, "last": loss[-1].step if loss else None,
+                  "count": len(loss), "duplicates": len(loss) - len({p.step for p in loss})},
+        "last_loss": loss[-1].value if loss else None,
+        "throughput": round(statistics.median(samples), 3) if samples else None,
+        "productive_s": round(productive, 3), "wall_s": round(end - start, 3) if ettr is not None else None,
+        "ettr": ettr, "steps_lost": steps_lost, "boundaries": boundaries,
+        "_curves": {**{tag: [(p.step, p.wall_time, p.value) for p in scalars.series(tag)] for tag in PLOT_TAGS},
+                    "lost_loss": [(p.step, p.wall_time, p.value) for p in lost_loss]},
+    }
+
+

@@ -1,0 +1,131 @@
+"""Start-up of the sweep driver: adopt what a killed driver left (``SweepDriver.adopt``).
+
+A restarted driver adopts the study's RUNNING trials instead of asking new ones. Each kill point leaves
+a state it recognises: a trial asked but cut short inside ``ask`` (params completed, then submitted), one
+whose intent is incomplete or whose array never reached Slurm (submitted again), one whose held array is
+in Slurm without recorded job ids (found by name, pickles restored, released, registered), one with a job
+id (followed). The ledger registration is one transaction. Any other held task of the sweep still queued
+is released (a running trial records it) or cancelled (none does), one line each: :func:`settle_held`.
+
+These functions work on a :class:`~hpc_agent.sweep.driver.SweepDriver` (its study, Slurm and ledger, and
+the trials it follows); the driver's ``adopt`` and ``settle_held`` methods call them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+
+from hpc_agent import rundir
+from hpc_agent.slurm.cli import SlurmError
+from hpc_agent.sweep.batch import (TrialJob, find_array, held_arrays, register_trial, release_array, restore_pickles,
+                                   task_job_id)
+from hpc_agent.sweep.spec import distributions, trial_run_id
+from hpc_agent.sweep.trial_attrs import A_BATCH, A_INDEX, A_INTENT, A_JOB, A_RUN_DIR, A_RUN_ID, A_SIZE
+
+if TYPE_CHECKING:
+    from hpc_agent.sweep.driver import SweepDriver
+
+
+def complete_params(trial, dists: Dict[str, Any]) -> List[str]:
+    """Suggest the params a trial lacks: a driver killed inside ``study.ask`` (which stores the trial, then
+    its params one by one) leaves a RUNNING trial that would otherwise run with the config's defaults
+    for the rest. Returns the names suggested now."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    missing = [name for name in dists if name not in trial.params]
+    for name in missing:
+        dist = dists[name]
+        if isinstance(dist, CategoricalDistribution):
+            trial.suggest_categorical(name, dist.choices)
+        elif isinstance(dist, IntDistribution):
+            trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+        else:
+            trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    return missing
+
+
+def adopt(driver: "SweepDriver") -> None:
+    """Follow, submit again or register each RUNNING trial of the study, by the state its kill point left."""
+    import optuna
+
+    running = driver.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    reached = []  # (trial, frozen trial, job id): in Slurm, its job id recorded nowhere yet
+    for frozen in running:
+        attrs = frozen.user_attrs
+        trial = driver._trial_obj(frozen)
+        if A_JOB in attrs:
+            driver._follow(trial, attrs, set(frozen.intermediate_values))
+            driver.say(f"trial {frozen.number}: adopted run {attrs[A_RUN_ID]} (job {attrs[A_JOB]})")
+            continue
+        # A_INTENT is the last attribute written before sbatch: without it, sbatch never ran.
+        if A_INTENT in attrs:
+            found = find_array(driver.slurm, driver.spec.name, attrs[A_BATCH], attrs[A_INTENT])
+            if found is None:
+                raise SlurmError("Slurm does not answer; cannot tell whether an interrupted submission "
+                                 "reached it. Run the sweep again when squeue/sacct work.")
+            job_id = task_job_id(found, attrs[A_INDEX], attrs[A_SIZE])
+            if job_id is not None:
+                reached.append((trial, frozen, job_id))
+                continue
+        completed = complete_params(trial, distributions(driver.spec))
+        if completed:
+            driver.say(f"trial {frozen.number}: was cut short while being asked; sampled {', '.join(completed)}")
+        driver.say(f"trial {frozen.number}: was asked but never reached Slurm; submitting it now")
+        driver.unsubmitted.append(trial)
+    driver.settle_held(adopting=[job_id for _, _, job_id in reached])
+    if not reached:
+        return
+    # The array is held (batch.py): every task's pickle in place first, then release, then register.
+    restored = restore_pickles(rundir.slurm_dir(driver.sweep_dir), {job_id: Path(f.user_attrs[A_RUN_DIR])
+                                                                    for _, f, job_id in reached})
+    release_array(driver.slurm, [job_id for _, _, job_id in reached])
+    for trial, frozen, job_id in reached:
+        attrs = frozen.user_attrs
+        record_job(driver, trial, frozen.number, attrs[A_BATCH], job_id)
+        driver._follow(trial, dict(attrs, **{A_JOB: job_id}), set(frozen.intermediate_values))
+        note = " (restored its submitit pickle)" if job_id in restored else ""
+        driver.say(f"trial {frozen.number}: its array reached Slurm as job {job_id}; adopted{note}")
+
+
+def record_job(driver: "SweepDriver", trial, number: int, batch: str, job_id: str) -> None:
+    """Register an adopted trial's job in the ledger, then record its job id on the trial."""
+    run_id = trial_run_id(driver.spec.name, number)
+    run_dir = driver.runs_root / run_id
+    _, cfg = driver._trial_config(number, trial.params)
+    job = TrialJob(number, run_id, run_dir, rundir.config_path(run_dir), cfg)
+    register_trial(driver.ledger, job, job_id, driver.spec.name, batch, rundir.slurm_dir(driver.sweep_dir))
+    driver._set(trial, A_JOB, job_id)
+
+
+def settle_held(driver: "SweepDriver", adopting: Sequence[str] = ()) -> None:
+    """Release or cancel every held task of this sweep's arrays still in the queue (start-up, from ``adopt``).
+
+    Arrays are submitted held and released once submitit returns (batch.py), so a driver killed in
+    between leaves a held array. A held task that a running trial of the study records is released; one
+    in ``adopting`` (a running trial's intent that ``adopt`` just mapped to it) is left to ``adopt``,
+    which restores its pickle first, then releases it. Any other one would run a trial that nobody
+    follows (or, once that trial is submitted again, run it twice): it is cancelled. One line each."""
+    import optuna
+
+    held = held_arrays(driver.slurm, driver.spec.name)
+    if held is None:
+        driver.say("squeue failed: cannot look for held arrays of this sweep now; run the sweep again later")
+        return
+    owned: Dict[str, int] = {}
+    for t in driver.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if t.user_attrs.get(A_JOB):
+            owned[str(t.user_attrs[A_JOB])] = t.number
+    for job_id, batch in sorted(held.items()):
+        if job_id in adopting:
+            continue
+        if job_id in owned:
+            result = driver.slurm.run(["scontrol", "release", job_id], check=False)
+            verb, why = "released", f"it runs trial {owned[job_id]} of the study"
+        else:
+            result = driver.slurm.run(["scancel", job_id], check=False)
+            verb, why = "cancelled", "no running trial of the study records it"
+        if getattr(result, "returncode", 0) != 0:
+            driver.say(f"held job {job_id} (batch {batch}): {why}, but it could not be {verb}: "
+                       f"{(getattr(result, 'stderr', '') or '').strip()}")
+        else:
+            driver.say(f"held job {job_id} (batch {batch}): {verb}; {why}")
