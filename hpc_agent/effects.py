@@ -19,13 +19,11 @@ from hpc_agent.launcher import job_name_for
 from hpc_agent.ledger import Ledger, Run, Submission
 from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase
 from hpc_agent.policy import apply_patch
+from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S
 from hpc_agent.slurm.queries import jobs_named, queue_state
 from hpc_agent.submission import SubmittedButIncomplete, crash_point, write_config
 
-INTENT_GRACE_S = 120.0
-"""How long an sbatch may still be in flight after its intent was recorded (submitit runs sbatch with no
-timeout; sbatch answers in well under a second on a healthy cluster). A younger intent without a job id
-is left alone: its submitter (or the sbatch child of a killed one) may still be submitting it."""
+INTENT_GRACE_S = SBATCH_IN_FLIGHT_S  # the default; watch --intent-grace sets it
 
 
 class Retry(Exception):

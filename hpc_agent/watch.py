@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.ledger import LEDGER_FILE, Ledger
 from hpc_agent.policy import PolicyLimits
+from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S as INTENT_GRACE_S
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.sinfo import max_node_memory_mb, node_memory_argv
 
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--executor", choices=("slurm", "local"), default="slurm",
                         help="how resubmissions are launched (default slurm)")
     parser.add_argument("--max-ticks", type=int, default=0, help="stop after N ticks (0: run until stopped)")
+    parser.add_argument("--intent-grace", type=float, default=INTENT_GRACE_S, metavar="S",
+                        help="seconds an sbatch may still be in flight after its intent was recorded; an older intent "
+                             f"without a job id is settled by asking Slurm for the run's job name (default {INTENT_GRACE_S:g})")
     parser.add_argument("--lease-ttl", type=float, default=60.0,
                         help="seconds without a heartbeat after which another watcher may take over (default 60)")
     parser.add_argument("--wait-for-lease", action="store_true",
@@ -94,8 +98,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         pause_file.unlink(missing_ok=True)
         print("resumed: watchers act again from their next tick")
         return EXIT_OK
-    if args.interval <= 0:
-        print("--interval must be positive", file=sys.stderr)
+    if args.interval <= 0 or args.lease_ttl <= 0 or args.intent_grace < 0:
+        print("--interval and --lease-ttl must be positive, --intent-grace not negative", file=sys.stderr)
         return EXIT_USAGE
     if not (runs_root / LEDGER_FILE).exists():
         print(f"no ledger at {runs_root / LEDGER_FILE} yet: submit a run first, or pass --runs-root", file=sys.stderr)
@@ -167,7 +171,8 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
         return EXIT_LOCKED
     slurm = SlurmCLI(timeout_s=60)
     watcher = Watcher(ledger, slurm, runs_root=runs_root, dry_run=args.dry_run, executor=args.executor,
-                      pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)), lease=lease)
+                      pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)), lease=lease,
+                      intent_grace_s=args.intent_grace)
     print(f"[watch] following {runs_root} every {args.interval:g} s; ledger journal {ledger.journal_mode[0]} "
           f"({ledger.journal_mode[1]})" + (" (dry run: acting on nothing)" if args.dry_run else ""), flush=True)
     try:

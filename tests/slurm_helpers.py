@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.slurm.cli import SlurmCLI
 from hpc_agent.slurm.sacct import SACCT_FIELDS, group_attempts, parse_sacct
@@ -84,12 +84,13 @@ def events(run_dir: Path) -> List[Dict]:
 class WatcherProcess:
     """``python -m hpc_agent.watch`` as a user runs it, in the background, with its output kept."""
 
-    def __init__(self, root: Path, interval: float = 1.0, env: Optional[Dict[str, str]] = None):
+    def __init__(self, root: Path, interval: float = 1.0, env: Optional[Dict[str, str]] = None,
+                 args: Sequence[str] = ()):
         self.log = root / f"watch-{time.time_ns()}.log"
         full_env = dict(os.environ, **(env or {}))
         self.handle = open(self.log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "hpc_agent.watch", "--runs-root", str(root),
-                                      "--interval", str(interval)], stdout=self.handle, stderr=subprocess.STDOUT,
+                                      "--interval", str(interval), *args], stdout=self.handle, stderr=subprocess.STDOUT,
                                      cwd=str(REPO), env=full_env)
 
     def output(self) -> str:

@@ -141,7 +141,9 @@ def test_watcher_killed_mid_decision_never_submits_twice(root, crash_at):
     crashing = WatcherProcess(root, env={"HPC_AGENT_CRASH_AT": crash_at})
     wait_for(lambda: crashing.proc.poll() is not None, 240, what="the watcher to die at the crash point")
     assert crashing.stop() == -9  # SIGKILL, as a power cut or the OOM killer would
-    watcher = WatcherProcess(root)
+    # The restarted watcher asks Slurm about the dead watcher's intent once it is older than any sbatch
+    # still in flight could be: 10 s here (sbatch answers in well under a second on this cluster), not 120.
+    watcher = WatcherProcess(root, args=["--intent-grace", "10"])
     try:
         wait_for(lambda: phase(root, run_dir.name) == "completed", 300, what="the run to complete after the restart")
         ids = ledger_job_ids(root, run_dir.name)

@@ -27,6 +27,12 @@ class Result:
     stderr: str
 
 
+SBATCH_IN_FLIGHT_S = 120.0
+"""How long an sbatch may still be in flight after its submitter recorded the intent (submitit runs sbatch
+with no timeout; sbatch answers in well under a second on a healthy cluster). A younger intent without a
+job id is left alone: its submitter, or the sbatch child of a killed one, may still be submitting it."""
+
+
 class SlurmCLI:
     """Runs Slurm commands. Inject a fake one in tests of code that calls it."""
 
