@@ -136,18 +136,15 @@ def settle_intent(ctx: Context, run: Run, sub: Submission) -> Optional[str]:
     if new:
         with ctx.ledger.transaction():
             ctx.ledger.record_submitted(sub.id, new[-1])
-            if ctx.ledger.run(run.run_id).phase in ("submitting", "recovering"):
-                ctx.ledger.advance(run.run_id, Event(EventKind.FOUND if _submitting(ctx, run) else EventKind.SUBMITTED,
-                                                     new[-1]))
+            phase = ctx.ledger.run(run.run_id).phase
+            if phase in ("submitting", "recovering"):
+                kind = EventKind.FOUND if phase == "submitting" else EventKind.SUBMITTED
+                ctx.ledger.advance(run.run_id, Event(kind, new[-1]))
         ctx.say(run.run_id, f"reconciled: intent #{sub.id} reached Slurm as job {new[-1]}")
         return new[-1]
     ctx.ledger.record_failed(sub.id, "abandoned: the submitter died before sbatch")
     ctx.say(run.run_id, f"reconciled: intent #{sub.id} never reached Slurm")
     return None
-
-
-def _submitting(ctx: Context, run: Run) -> bool:
-    return ctx.ledger.run(run.run_id).phase == "submitting"
 
 
 _HANDLERS = {"requeue": _requeue, "expedite": _expedite, "exclude": _exclude, "cancel": _cancel,

@@ -114,18 +114,18 @@ class Journal:
 
     def flush_events(self, run_id: str, run_dir: Path, time_of, crash=lambda name: None) -> int:
         """Append the run's unwritten audit records to its events.jsonl, each exactly once; returns how many."""
-        rows = [(seq, at, rec) for seq, at, rec in self.audit_records(run_id)]
-        unwritten = {seq for (seq,) in self.db.execute("SELECT seq FROM audit WHERE run_id = ? AND written = 0",
-                                                       (run_id,))}
-        if not unwritten:
+        rows = [(seq, at, json.loads(text)) for seq, at, text in self.db.execute(
+            "SELECT seq, at, record FROM audit WHERE run_id = ? AND written = 0 ORDER BY seq", (run_id,))]
+        if not rows:
             return 0
+        unwritten = [seq for seq, _, _ in rows]
         present = _seqs_in(events_path(run_dir))
-        lines = [_line(run_id, seq, at, rec, time_of) for seq, at, rec in rows if seq in unwritten and seq not in present]
+        lines = [_line(run_id, seq, at, rec, time_of) for seq, at, rec in rows if seq not in present]
         crash("before_audit")
         if lines:
             _append(events_path(run_dir), "".join(lines))
         self.db.execute(f"UPDATE audit SET written = 1 WHERE run_id = ? AND seq IN ({','.join('?' * len(unwritten))})",
-                        (run_id, *sorted(unwritten)))
+                        (run_id, *unwritten))
         return len(lines)
 
     def rebuild_events(self, run_id: str, run_dir: Path, time_of) -> int:

@@ -18,14 +18,14 @@ from hpc_agent.follow import RunFiles, RunState, history_from
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
-from hpc_agent.slurm.sacct import WATCH_FIELDS, Attempt, AttemptCache, group_attempts, parse_sacct
+from hpc_agent.slurm.sacct import WATCH_FIELDS, Attempt, AttemptCache
 
 TAIL_BYTES = 256 * 1024
 ALARM_TAGS = ("train/loss", "train/loss_scale")
 
 
 def sacct_attempts(slurm, ids: Sequence[str], report, say: Callable[[str], None],
-                   cache: Optional[AttemptCache] = None) -> Optional[Dict[str, List[Attempt]]]:
+                   cache: AttemptCache) -> Optional[Dict[str, List[Attempt]]]:
     """Every attempt of these jobs from ONE ``sacct -D`` call; when accounting fails, from slurmctld (one
     squeue + one scontrol call). None: states unknown, which means wait (never requeue on a guess)."""
     try:
@@ -35,7 +35,7 @@ def sacct_attempts(slurm, ids: Sequence[str], report, say: Callable[[str], None]
         text = _without_accounting(slurm, list(ids), exc, report, say)
         if text is None:
             return None
-    attempts = cache.attempts(text) if cache is not None else group_attempts(parse_sacct(text))
+    attempts = cache.attempts(text)
     if not attempts:
         report.unknown = True  # accounting answered nothing: unknown means wait, never requeue
         return None

@@ -137,7 +137,7 @@ class Watcher:
             commit_or_skip(self.journal, run.run_id, current.value, Outcome(
                 phase, audit=({"job_id": job_id, "action": "needs_attention", "reason": reason},)))
 
-    def _follow(self, run: Run, state: RunState, attempts, marks=None) -> None:
+    def _follow(self, run: Run, state: RunState, attempts, marks) -> None:
         want = wants(state, attempts)
         if want.files or state.phase is Phase.RECOVERING:
             state = observe.run_state(self.ledger, run, state)
