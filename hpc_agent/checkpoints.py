@@ -12,14 +12,17 @@ works on :class:`Candidate` records; :func:`scan` builds them from the disk.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent import rundir
+from hpc_agent.filemodes import make_dir
 
 ASIDE = "set_aside"
 MARKER = "COMPLETE.json"
@@ -47,6 +50,9 @@ class Candidate:
     marker_error: Optional[str] = None
     sizes: Dict[str, int] = field(default_factory=dict)
     """Files actually present (relative path -> bytes), the marker excluded."""
+    links: Tuple[str, ...] = ()
+    """Symbolic links in it (or the directory itself, by its name, when it is one): never followed, since
+    a job-planted link can point out of the run directory; a checkpoint holding one is not usable."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class Selection:
 
 def problem(c: Candidate) -> Optional[str]:
     """Why ``c`` cannot be resumed from, or None when it can."""
+    if c.links:
+        return f"{', '.join(c.links)}: symbolic link, not followed out of the run directory"
     if c.marker_error:
         return f"{MARKER} is unreadable ({c.marker_error})"
     if c.marker is None:
@@ -107,32 +115,55 @@ def retention(candidates: Sequence[Candidate], keep: int) -> List[str]:
     return sorted(doomed, key=lambda n: step_of(n) or 0)
 
 
+def walk(directory: Path) -> Tuple[Dict[str, int], List[str]]:
+    """Regular files under ``directory`` (relative path -> bytes) and the links met (relative paths), walked
+    without following any link; the marker and its temp files excluded."""
+    files: Dict[str, int] = {}
+    links: List[str] = []
+    for top, dirs, names in os.walk(directory):  # os.walk does not descend into links to folders
+        for name in dirs + names:
+            path = Path(top) / name
+            rel = path.relative_to(directory).as_posix()
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                links.append(rel)
+            elif stat.S_ISREG(info.st_mode) and name != MARKER and not name.startswith(f".{MARKER}."):
+                files[rel] = info.st_size
+    return files, sorted(links)
+
+
 def files_of(directory: Path) -> Dict[str, int]:
-    """Files of a checkpoint directory (relative path -> bytes), the marker and its temp files excluded."""
-    out: Dict[str, int] = {}
-    for path in directory.rglob("*"):
-        if path.is_file() and path.name != MARKER and not path.name.startswith(f".{MARKER}."):
-            out[path.relative_to(directory).as_posix()] = path.stat().st_size
-    return out
+    """Files of a checkpoint directory (relative path -> bytes), the marker and its temp files excluded;
+    links are not files of it (:func:`walk`)."""
+    return walk(directory)[0]
 
 
 def read_candidate(directory: Path) -> Optional[Candidate]:
     step = step_of(directory.name)
-    if step is None or not directory.is_dir():
+    if step is None:
+        return None
+    if directory.is_symlink():  # a checkpoint "directory" pointing elsewhere: listed, never read
+        return Candidate(directory.name, step, links=(directory.name,))
+    if not directory.is_dir():
         return None
     marker, error = None, None
     marker_path = directory / MARKER
-    if marker_path.exists():
-        try:
-            marker = json.loads(marker_path.read_text())
+    if marker_path.exists() or marker_path.is_symlink():
+        try:  # bounded, regular file only (a link is refused): the job writes this directory
+            marker = json.loads(rundir.read_bounded(marker_path, rundir.JSON_MAX_BYTES))
             if not isinstance(marker, dict):
                 marker, error = None, "not a JSON object"
         except (OSError, ValueError) as exc:
             error = f"{exc.__class__.__name__}: {exc}"
-    return Candidate(directory.name, step, marker, error, files_of(directory))
+    sizes, links = walk(directory)
+    return Candidate(directory.name, step, marker, error, sizes, tuple(links))
 
 
 def scan(root: Path) -> List[Candidate]:
+    """The checkpoints under ``root``; :class:`hpc_agent.rundir.UnsafeFile` when ``root`` is a link (resuming
+    from, or saving into, a folder outside the run directory is refused)."""
+    if root.is_symlink():
+        raise rundir.UnsafeFile(errno.ELOOP, f"{root} is a symbolic link; not following it out of the run directory")
     if not root.is_dir():
         return []
     found = (read_candidate(p) for p in root.iterdir())
@@ -159,7 +190,7 @@ def set_aside_after(run_dir: Path, keep_step: Optional[int], before_step: Option
             keep_step is None and before_step is not None and cand.step >= before_step)
         if too_new:
             target = root / ASIDE / cand.name
-            target.parent.mkdir(exist_ok=True)
+            make_dir(target.parent)
             os.replace(root / cand.name, target)
             moved.append(cand.name)
     return sorted(moved)

@@ -1,12 +1,14 @@
 """python -m hpc_agent.diagnose JOBID | --sacct-file F [--log F ...] [--tb DIR] [--runs-root DIR] [--json]
 
 Why did my job die, and what should I do? Reads sacct (one ``sacct -D --parsable2`` call through
-``SlurmCLI``, or a saved copy with ``--sacct-file``), the job's log tails and its TensorBoard scalars,
+``SlurmCLI``, or a saved copy with ``--sacct-file`` in any format sacct prints: ``-P``, ``-p``, the default
+fixed-width table, ``--json``; see :mod:`hpc_agent.slurm.sacct_read`), the job's log tails and its TensorBoard scalars,
 names the cause of the newest attempt with the lines that show it, and says what ``watch`` would do.
 It acts on nothing: no requeue, no cancel, no submit. Runs on login nodes: imports neither torch nor
 deepspeed (TensorBoard's event reader is imported only when there are event files to read).
 
-Exit codes: 0 a diagnosis was printed (including "unknown"), 2 bad arguments or an unreadable file.
+Exit codes: 0 a diagnosis was printed (including "unknown"), 2 bad arguments or an unreadable file (a
+``--sacct-file`` that is no sacct output in any known format is an error, never a silent "unknown").
 """
 from __future__ import annotations
 
@@ -32,11 +34,14 @@ from hpc_agent import rundir
 from hpc_agent.rundir import find_logs, tail_log
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.policy import Decision, PastAttempt, decide, patch_as_overrides
-from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, group_attempts, has_sacct_header, job_key_of, parse_sacct
+from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, SacctRow, group_attempts, job_key_of
+from hpc_agent.slurm.sacct_read import SacctFormatError, read_sacct
 
 EXIT_OK = 0
 EXIT_USAGE = 2
 DEFAULT_TAIL_BYTES = 1 << 20
+# A saved sacct reply for a few jobs is kilobytes; a month of a busy cluster's -D history is megabytes.
+MAX_SACCT_FILE_BYTES = 64 << 20
 LOSS_TAG = "train/loss"
 LOSS_SCALE_TAG = "train/loss_scale"
 
@@ -52,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples: python -m hpc_agent.diagnose 1234 | "
                "python -m hpc_agent.diagnose --sacct-file sacct.txt --log 1234_0_log.out --json")
     parser.add_argument("job_id", nargs="?", help="Slurm job id (12, 12_3 for an array task); asks sacct")
-    parser.add_argument("--sacct-file", help="saved `sacct -D --parsable2` output to read instead of asking Slurm "
-                                             "(replay/offline)")
+    parser.add_argument("--sacct-file", help="saved sacct output to read instead of asking Slurm (replay/offline): "
+                                             "-P, -p, the default fixed-width table or --json, any columns "
+                                             "that include JobID and State")
     parser.add_argument("--log", action="append", default=[], metavar="FILE",
                         help="job log to read (repeat for per-rank logs); default: found via the run directory")
     parser.add_argument("--tb", metavar="DIR", help="TensorBoard directory for NaN/inf loss and loss-scale alarms "
@@ -98,18 +104,18 @@ def history_from_attempts(diagnoses: Sequence[Diagnosis]) -> List[PastAttempt]:
 def diagnose(job_id: Optional[str], sacct_text: str, logs: Sequence[LogText], alarms: Sequence[Alarm],
              cfg: Config, sacct_error: Optional[str] = None) -> Dict[str, Any]:
     """The report as a dict (what ``--json`` prints). Pure: every input is already read."""
-    rows = parse_sacct(sacct_text)
+    rows, sacct_notes = sacct_rows(sacct_text)
     jobs = group_attempts(rows)
     if not job_id and jobs:
         job_id = list(jobs)[-1]  # a saved file without a JOBID: the job sacct printed last
-    attempts: List[Attempt] = jobs.get(job_key_of(job_id or ""), [])
+    attempts = attempts_for(jobs, job_id or "")
     diagnoses = classify_job(attempts, logs, alarms, job_id=job_id or "")
     latest = diagnoses[-1]
     notes: List[str] = []
     if sacct_error:
         notes.append(f"sacct failed: {sacct_error}")
-    elif sacct_text.strip() and not has_sacct_header(sacct_text):
-        notes.append("sacct output not understood (no header line with JobID and State)")
+    elif sacct_text.strip():
+        notes.extend(sacct_notes)
     decision = decide(latest.cause, history_from_attempts(diagnoses), cfg, situation_from(diagnoses))
     return {
         "job_id": job_id or "",
@@ -125,6 +131,51 @@ def diagnose(job_id: Optional[str], sacct_text: str, logs: Sequence[LogText], al
         "attempts": [{"job_id": d.job_id, "attempt": d.attempt_index + 1, "state": d.state, "cause": d.cause.value}
                      for d in diagnoses if d.state or d.cause != Cause.UNKNOWN],
     }
+
+
+def attempts_for(jobs: Dict[str, List[Attempt]], job_id: str) -> List[Attempt]:
+    """The attempts of ``job_id``; an array asked for by its own id (``164``) when sacct printed exactly
+    one task of it (``164_[0]``, ``164_3``) means that task."""
+    key = job_key_of(job_id)
+    if key in jobs or not key.isdigit():
+        return jobs.get(key, [])
+    tasks = [k for k in jobs if job_key_of(k).split("_", 1)[0] == key]
+    return jobs[tasks[0]] if len(tasks) == 1 else []
+
+
+def sacct_rows(sacct_text: str) -> Tuple[List[SacctRow], List[str]]:
+    """(rows, notes) of sacct text in any format; text that is none gives no rows and a note saying so
+    (live sacct: unknown means wait; a ``--sacct-file`` was already refused by :func:`load_inputs`)."""
+    if not sacct_text.strip():
+        return [], []
+    try:
+        reading = read_sacct(sacct_text)
+    except SacctFormatError as exc:
+        return [], [f"sacct output not understood: {exc}"]
+    notes = []
+    if reading.skipped_count:
+        notes.append(f"{reading.skipped_count} line(s) under the sacct header were not rows of it and were "
+                     f"skipped (first: {reading.skipped[0][:120]!r})")
+    return list(reading.rows), notes
+
+
+def read_sacct_file(path: str) -> str:
+    """A saved sacct reply, read bounded, checked to be sacct output in some format (UsageError if not)."""
+    limit = MAX_SACCT_FILE_BYTES
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read --sacct-file {path}: {exc.strerror or exc}")
+    if len(data) > limit:
+        raise UsageError(f"--sacct-file {path} is larger than {limit >> 20} MiB: save only the job's rows "
+                         f"(sacct -j JOBID -D -P)")
+    text = data.decode("utf-8", errors="replace")
+    try:
+        read_sacct(text)
+    except SacctFormatError as exc:
+        raise UsageError(f"--sacct-file {path} is not sacct output: {exc}")
+    return text
 
 
 def _suggestion(cause: Cause, decision: Decision) -> str:
@@ -173,10 +224,7 @@ class Inputs:
 def _read_sacct(args: argparse.Namespace) -> Tuple[str, Optional[str], Any]:
     """(sacct text, error, the SlurmCLI used or None)."""
     if args.sacct_file:
-        try:
-            return Path(args.sacct_file).read_text(errors="replace"), None, None
-        except OSError as exc:
-            raise UsageError(f"cannot read --sacct-file {args.sacct_file}: {exc.strerror or exc}")
+        return read_sacct_file(args.sacct_file), None, None
     from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
     cli = SlurmCLI()
@@ -202,10 +250,10 @@ def _run_dir_from_ledger(runs_root: Path, job_key: str) -> Optional[Path]:
 
 def load_inputs(args: argparse.Namespace) -> Inputs:
     sacct_text, sacct_error, cli = _read_sacct(args)
-    jobs = group_attempts(parse_sacct(sacct_text))
+    jobs = group_attempts(sacct_rows(sacct_text)[0])
     job_id = args.job_id or (list(jobs)[-1] if jobs else None)
     found = Inputs(job_id, sacct_text, sacct_error)
-    attempts = jobs.get(job_key_of(job_id or ""), [])
+    attempts = attempts_for(jobs, job_id or "")
     runs_root = Path(args.runs_root or os.environ.get(RUNS_ENV) or "./runs").expanduser()
     run_id = run_id_from_job_name(attempts[-1].job_name) if attempts else None
     if run_id and (runs_root / run_id).is_dir():

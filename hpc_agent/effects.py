@@ -5,6 +5,10 @@ journal marks it done. So each first looks at what already happened: a requeue i
 is queued again; a resubmission whose intent is in the ledger asks Slurm for the run's job name
 instead of calling sbatch again, and only when Slurm has no such job and the intent is older than any
 sbatch still in flight could be does it submit.
+
+Every effect carried out (``notify`` aside: it changes nothing outside our log) writes an action record
+(``hpc_agent.audit``: who, what, why, config diff) in the transaction that marks it done, so each action
+is in the audit trail exactly once, however often a crash made it run.
 """
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hpc_agent import rundir
+from contextlib import nullcontext
+
+from hpc_agent import audit, rundir
 from hpc_agent.checkpoints import set_aside_after
 from hpc_agent.journal import EffectRow
 from hpc_agent.launcher import job_name_for
@@ -156,8 +162,9 @@ class Carrier:
     retried), start-up settling of intents without a job id, and events.jsonl from the audit records.
     ``guard(run, job_id, step)`` is the watcher's per-run isolation: one run's failure parks that run."""
 
-    def __init__(self, ctx: Context, journal, guard: Callable[..., None], time_of: Callable[[float], str]):
-        self.ctx, self.journal, self.guard, self.time_of = ctx, journal, guard, time_of
+    def __init__(self, ctx: Context, journal, guard: Callable[..., None], time_of: Callable[[float], str],
+                 process: str = "watcher"):
+        self.ctx, self.journal, self.guard, self.time_of, self.process = ctx, journal, guard, time_of, process
 
     def settle(self) -> None:
         """Pending effects (a previous tick's, or a killed watcher's), then intents without a job id."""
@@ -178,8 +185,12 @@ class Carrier:
             return
         if found is None:
             self.ctx.say(run.run_id, f"intent #{sub.id} never reached Slurm; submitting it now")
-            self.ctx.submit(self.ctx.ledger, run.run_id, Path(run.run_dir), rundir.load_config(Path(run.run_dir)),
-                            Path(sub.config_path), sub.executor, reason=sub.reason)
+            job = self.ctx.submit(self.ctx.ledger, run.run_id, Path(run.run_dir),
+                                  rundir.load_config(Path(run.run_dir)), Path(sub.config_path), sub.executor,
+                                  reason=sub.reason)
+            audit.record_action(self.journal, run.run_id, "submit", str(getattr(job, "job_id", job)),
+                                f"intent #{sub.id} ({sub.reason or 'submit'}) never reached Slurm: submitted again",
+                                process=self.process, result="submitted")
 
     def run_effects(self, run: Run) -> None:
         from hpc_agent.slurm.cli import SlurmError
@@ -191,14 +202,27 @@ class Carrier:
                 self.journal.mark_try(effect.id, str(exc))
                 self.ctx.say(run.run_id, f"{effect.kind} not done yet ({exc}); will retry next tick")
                 return
-            self.journal.mark_done(effect.id, result)
+            self._done(run, effect, result)
         if Phase(self.ctx.ledger.run(run.run_id).phase) is Phase.RECOVERING:
             self.ctx.ledger.advance(run.run_id, Event(EventKind.RECOVERED))
         self.flush_events([run.run_id])
 
+    def _done(self, run: Run, effect: EffectRow, result: str) -> None:
+        """Mark the effect done and write its action record, together (one record per action)."""
+        ledger = self.ctx.ledger
+        with (nullcontext() if getattr(ledger.db, "in_transaction", False) else ledger.transaction()):
+            self.journal.mark_done(effect.id, result)
+            if effect.kind not in audit.NOT_ACTIONS:
+                decision = audit.decision_for(effect.kind, effect.job_id, effect.created_at,
+                                              self.journal.audit_records(run.run_id))
+                audit.record_action(self.journal, run.run_id, effect.kind, effect.job_id, process=self.process,
+                                    result=result, **audit.effect_fields(effect.kind, effect.args, decision))
+
     def flush_events(self, run_ids=None) -> None:
         for run_id in sorted(run_ids if run_ids is not None else self.journal.unwritten_runs()):
             run = self.ctx.ledger.run(run_id)
+            if run is None:  # a sweep-level record (a held job no trial owns): it has no run dir, the ledger keeps it
+                continue
             try:
                 self.journal.flush_events(run_id, Path(run.run_dir), self.time_of, crash_point)
             except OSError as exc:  # the audit stays in the ledger; retried next tick

@@ -14,13 +14,17 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, List, Optional, Tuple
 
+from hpc_agent.filemodes import file_mode_in, make_dir, open_created, set_mode
+
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write to a temp file in the same directory, fsync it, then ``os.replace`` it into place."""
+    """Write to a temp file in the same directory, fsync it, then ``os.replace`` it into place. The file
+    gets the mode its folder calls for (``0600``, or ``0640`` in a group-shared folder: hpc_agent.filemodes)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        set_mode(fd, file_mode_in(path.parent))
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -51,7 +55,8 @@ def hold_lock(path: str | os.PathLike) -> Optional[IO[str]]:
     Where ``flock`` itself fails (ENOLCK: NFS mounted without a lock daemon) the lock is an exclusively
     created ``<path>.owner`` file holding ``pid host`` instead (see :func:`_hold_owner_file`), removed when
     the returned handle is closed or the process exits."""
-    handle = open(path, "a+")  # not "w": that would empty the pid of the holder before we know we lost
+    # "a+", not "w": that would empty the pid of the holder before we know we lost
+    handle = os.fdopen(open_created(path, os.O_RDWR | os.O_APPEND), "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -104,7 +109,7 @@ def _hold_owner_file(path: Path, handle: IO[str], why: OSError) -> Optional[IO[s
     me = f"{os.getpid()} {socket.gethostname()}\n"
     for _ in range(3):
         try:
-            fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = open_created(owner, os.O_WRONLY | os.O_EXCL)
         except FileExistsError:
             text = _read_small(owner)
             pid, _, host = text.strip().partition(" ")

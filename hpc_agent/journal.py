@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from hpc_agent.filemodes import open_created
 from hpc_agent.fsutil import pid_alive
 from hpc_agent.ledger import Ledger
 from hpc_agent.rundir import events_path, read_tail
@@ -171,9 +172,9 @@ def _seqs_in(path: Path) -> set:
 
 
 def _append(path: Path, text: str) -> None:
-    """One write() on a regular file opened O_APPEND without following links (lines never interleave)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    fd = os.open(path, flags, 0o644)
+    """One write() on a regular file opened O_APPEND without following links (lines never interleave),
+    created with the run directory's mode (0600, or 0640 where it is group-shared: hpc_agent.filemodes)."""
+    fd = open_created(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NONBLOCK", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file; not appending to it")

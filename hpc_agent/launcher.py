@@ -6,21 +6,24 @@ creates executors and submits, so the job script can be golden-tested without Sl
 from __future__ import annotations
 
 import datetime as _dt
+import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
-from omegaconf import OmegaConf
-
 from hpc_agent import rundir
+from hpc_agent.config.fields import NAME, path_problem
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import Config
+from hpc_agent.config.yaml_safe import load_mapping
 from hpc_agent.paths import code_root, templates_dir
 
 JOB_NAME_PREFIX = "hpc_agent:"
 EXECUTORS = ("auto", "slurm", "local")
+# What the local executor gets for an UNLIMITED Slurm time: a year, i.e. no limit in practice.
+UNLIMITED_MINUTES = 365 * 24 * 60
 
 
 def make_run_id(name: str, now: _dt.datetime) -> str:
@@ -38,6 +41,8 @@ def run_id_from_job_name(job_name: str) -> str | None:
 
 def slurm_time_to_minutes(value: str) -> int:
     """Slurm ``--time`` (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) to whole minutes, rounded up."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return UNLIMITED_MINUTES
     days, _, rest = value.rpartition("-")
     parts = [int(p) for p in rest.split(":")]
     if days:
@@ -59,31 +64,87 @@ class Template:
     srun_args: List[str]
 
 
+PLACEHOLDERS = ("run_dir", "run_id", "config", "repo")
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
 def load_template(name: str) -> Template:
     path = templates_dir() / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in templates_dir().glob("*.yaml")))
         raise ConfigError([Problem("slurm.template", name, f"a template in {templates_dir()}: {known}")])
-    data = OmegaConf.to_container(OmegaConf.load(path)) or {}
-    return Template(setup=[str(x) for x in data.get("setup", [])],
-                    srun_args=[str(x) for x in data.get("srun_args", [])])
+    data = load_mapping(path, "an sbatch template: a mapping with setup and srun_args lists")
+    template = Template(setup=[str(x) for x in data.get("setup", [])],
+                        srun_args=[str(x) for x in data.get("srun_args", [])])
+    problems = [Problem("slurm.template", f"{name}: {line}", why)
+                for line in template.setup if (why := placeholder_context_problem(line))]
+    if problems:
+        raise ConfigError(problems)
+    return template
+
+
+def placeholder_context_problem(line: str) -> str | None:
+    """A setup line's placeholders must stand where bash reads the quoted value as one plain word: not
+    inside quotes (inside ``"..."`` the value's own quotes are literal and ``$(..)`` in it would run),
+    not after ``$`` (``$'..'`` reads backslash escapes) or a backslash."""
+    quote, escaped, starts = "", False, {m.start(): m.group(0) for m in _PLACEHOLDER.finditer(line)}
+    for i, ch in enumerate(line):
+        if i in starts and (quote or escaped or line[i - 1:i] == "$"):
+            where = "inside quotes" if quote else "right after '$' or a backslash"
+            return f"setup lines with {starts[i]} outside any quotes (it is {where}; hpc_agent quotes the value itself)"
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif ch in "'\"" and quote in ("", ch):
+            quote = "" if quote else ch
+    return None
+
+
+def fill(text: str, replacements: Mapping[str, str]) -> str:
+    """Replace every ``{name}`` of PLACEHOLDERS in ONE pass over ``text``: what goes in is never scanned
+    again, so a value that itself holds ``{config}`` stays literal. Other braces (``${SLURM_CPUS_PER_TASK:-1}``)
+    are left alone for the shell. A placeholder that has no replacement here is a template error."""
+    def replace(match: "re.Match[str]") -> str:
+        if match.group(1) not in replacements:
+            raise ConfigError([Problem("slurm.template", text, f"placeholders from {sorted(replacements)} only "
+                                       f"here ({match.group(0)} cannot be filled in this line)")])
+        return replacements[match.group(1)]
+    return _PLACEHOLDER.sub(replace, text)
 
 
 def render_lines(lines: List[str], values: Mapping[str, str]) -> List[str]:
-    """Fill ``{name}`` placeholders with shell-quoted values; leave every other brace alone."""
-    out = []
-    for line in lines:
-        for key, value in values.items():
-            line = line.replace("{" + key + "}", shlex.quote(str(value)))
-        out.append(line)
-    return out
+    """Setup lines are bash: each value goes in shell-quoted, exactly once."""
+    quoted = {key: shlex.quote(str(value)) for key, value in values.items()}
+    return [fill(line, quoted) for line in lines]
+
+
+def render_args(args: List[str], values: Mapping[str, str]) -> List[str]:
+    """srun options are argv words that submitit shell-quotes itself: the values go in unquoted, so that
+    they too are quoted exactly once."""
+    plain = {key: str(value) for key, value in values.items()}
+    return [fill(arg, plain) for arg in args]
+
+
+def template_values(run_id: str, run_dir: Path, config_path: Path) -> Dict[str, str]:
+    """The placeholder values, each checked for where it lands: the run dir reaches ``#SBATCH --output``
+    (read by sbatch), the config and code paths only bash lines. Raises ConfigError naming what to change."""
+    values = {"run_dir": str(run_dir), "run_id": run_id, "config": str(config_path), "repo": str(code_root())}
+    checks = [("run.runs_root", values["run_dir"], path_problem(values["run_dir"], sbatch=True, reserve=64)),
+              ("run.runs_root", values["config"], path_problem(values["config"], sbatch=False)),
+              ("run.name", run_id, NAME.problem(run_id)),
+              ("hpc_agent install folder", values["repo"], path_problem(values["repo"], sbatch=False))]
+    problems = [Problem(key, value, why) for key, value, why in checks if why]
+    if problems:
+        raise ConfigError(problems)
+    return values
 
 
 def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
                      template: Template) -> Dict[str, Any]:
     """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``."""
     s = cfg.slurm
-    values = {"run_dir": str(run_dir), "run_id": run_id, "config": str(config_path), "repo": str(code_root())}
+    values = template_values(run_id, run_dir, config_path)
     params: Dict[str, Any] = {
         "job_name": job_name_for(run_id),
         "comment": f"hpc_agent run_id={run_id}",
@@ -94,7 +155,7 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
         "signal_delay_s": s.signal_lead_s,
         "stderr_to_stdout": True,
         "setup": render_lines(template.setup, values),
-        "srun_args": render_lines(template.srun_args, values),
+        "srun_args": render_args(template.srun_args, values),
     }
     for name in ("partition", "account", "qos", "constraint", "exclude", "mem"):
         if getattr(s, name) is not None:
@@ -130,7 +191,9 @@ def make_executor(kind: str, folder: Path, cfg: Config, run_id: str, run_dir: Pa
     import submitit
 
     if kind == "slurm":
-        executor = submitit.SlurmExecutor(folder=folder, python=python or sys.executable)
+        from hpc_agent.slurm.submitit_timeout import TimedSlurmExecutor  # submitit's, with sbatch bounded
+
+        executor = TimedSlurmExecutor(folder=folder, python=python or sys.executable)
         params = slurm_parameters(cfg, run_id, run_dir, config_path, load_template(cfg.slurm.template))
     elif kind == "local":
         executor = submitit.LocalExecutor(folder=folder, python=python or sys.executable)

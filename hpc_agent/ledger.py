@@ -7,6 +7,7 @@ id carried in the job name, instead of guessing (and never submits twice).
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -102,6 +103,26 @@ CREATE TABLE IF NOT EXISTS watcher_lease (
 LEDGER_FILE = "ledger.sqlite"
 
 
+SIDECARS = ("-journal", "-wal", "-shm")
+"""SQLite's files beside the database; it creates them with the database file's own mode."""
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file (and its folder) with the mode the runs root calls for (0600, or 0640 in
+    a group-shared root: hpc_agent.filemodes) before SQLite opens it: SQLite would create it 0644 minus the
+    umask, and gives its -journal/-wal/-shm files the database's mode. An existing ledger (and sidecar)
+    is brought to that mode too."""
+    from hpc_agent.filemodes import file_mode_in, make_dir, open_created, set_mode
+
+    make_dir(path.parent)
+    mode = file_mode_in(path.parent)
+    os.close(open_created(path, os.O_RDWR, mode))
+    for suffix in SIDECARS:
+        side = path.with_name(path.name + suffix)
+        if side.is_file() and not side.is_symlink():
+            set_mode(side, mode)
+
+
 @dataclass(frozen=True)
 class Submission:
     id: int
@@ -143,7 +164,7 @@ class DecisionRow:
 class Ledger:
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(self.path)
         self.clock = clock
         # isolation_level=None: autocommit; each statement is its own transaction unless we open one.
         self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
@@ -290,6 +311,15 @@ class Ledger:
         marks = ",".join("?" * len(phases))
         return self.db.execute(
             "SELECT r.run_id, r.phase, s.job_id FROM runs r JOIN submissions s ON s.id = "
+            f"(SELECT MAX(id) FROM submissions WHERE run_id = r.run_id) WHERE r.phase IN ({marks}) "
+            "ORDER BY r.created_at, r.run_id", phases).fetchall()
+
+    def followed_submissions(self, phases: List[str]) -> List[Tuple[str, str, Optional[str], Optional[float]]]:
+        """:meth:`followed_jobs` plus the newest submission's ``intent_at``: what the watcher matches sacct
+        records against (a reused job id can list an older job first; hpc_agent/job_match.py)."""
+        marks = ",".join("?" * len(phases))
+        return self.db.execute(
+            "SELECT r.run_id, r.phase, s.job_id, s.intent_at FROM runs r JOIN submissions s ON s.id = "
             f"(SELECT MAX(id) FROM submissions WHERE run_id = r.run_id) WHERE r.phase IN ({marks}) "
             "ORDER BY r.created_at, r.run_id", phases).fetchall()
 

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from hpc_agent.filemodes import open_created
+
 # flock errors that mean "this file system cannot lock", not "someone holds it".
 NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.EINVAL, errno.ENOSYS})
 # os.link errors that mean "no hard links here": publish with O_CREAT|O_EXCL instead.
@@ -24,8 +26,9 @@ NO_LINK_ERRNOS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.
 
 
 def _write_new(path: Path, text: str, flags: int) -> None:
-    """Open with ``flags`` (creating), write ``text``, fsync (the lease must be on disk before it counts)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
+    """Open with ``flags`` (creating, with the folder's mode: hpc_agent.filemodes), write ``text``, fsync
+    (the lease must be on disk before it counts)."""
+    fd = open_created(path, os.O_WRONLY | flags)
     try:
         os.write(fd, text.encode())
         os.fsync(fd)

@@ -31,7 +31,7 @@ from hpc_agent.diagnosis.causes import Cause
 # THE OOM ladder lives in hpc_agent.memory; re-exported here for the policy's callers.
 from hpc_agent.memory import GPU_HEADROOM, gpu_oom_fit, gpu_oom_rung  # noqa: F401
 from hpc_agent.memory import train_after as _train_after  # noqa: F401
-from hpc_agent.slurm.sacct import expand_hostlist
+from hpc_agent.slurm.hostlist import expand_hostlist
 
 WAIT, DONE, REQUEUE, RESUBMIT, STOP = "wait", "done", "requeue", "resubmit", "stop"
 ACTIONS = (WAIT, DONE, REQUEUE, RESUBMIT, STOP)

@@ -1,6 +1,6 @@
 """Review finished or running runs: a table, JSON, a plot with attempt boundaries, or a live TensorBoard.
 
-    python -m hpc_agent.review RUN_DIR|RUNS_ROOT [--json] [--plot OUT.png] [--serve [--port N]]
+    python -m hpc_agent.review RUN_DIR|RUNS_ROOT [--json] [--plot OUT.png] [--serve [--port N] [--host H --token T]]
 
 Login-node code: no torch. TensorBoard, matplotlib and rich are imported inside the functions using them.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def free_port() -> int:
 
 def start_tensorboard(logdir: Path, port: Optional[int] = None, timeout_s: float = 60.0
                       ) -> Tuple[subprocess.Popen, str]:
-    """Start ``tensorboard`` on 127.0.0.1 and wait until its HTTP API answers; ``(process, url)``."""
+    """Start ``tensorboard`` on 127.0.0.1 (never elsewhere: it has no authentication; see review_serve) and
+    wait until its HTTP API answers; ``(process, url)``. The caller owns the process and terminates it."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}/"
     proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
@@ -76,8 +78,21 @@ def start_tensorboard(logdir: Path, port: Optional[int] = None, timeout_s: float
     raise RuntimeError(f"tensorboard did not answer at {url} within {timeout_s:.0f}s")
 
 
-def serve(logdir: Path, port: Optional[int], seconds: Optional[float], stream=None) -> int:
-    proc, url = start_tensorboard(logdir, port)
+def serve(logdir: Path, port: Optional[int], seconds: Optional[float], stream=None,
+          host: str = "127.0.0.1", token: Optional[str] = None) -> int:
+    """TensorBoard on 127.0.0.1; with a token, behind a token-checking proxy on ``host`` (review_serve)."""
+    from hpc_agent.review_serve import TokenProxy
+
+    proxy = None
+    proc, url = start_tensorboard(logdir, port if token is None else None)
+    try:
+        if token is not None:
+            proxy = TokenProxy(host, port or 0, int(url.rsplit(":", 1)[1].strip("/")), token)
+            url = f"http://{host}:{proxy.port}/?token=<your token>"
+    except BaseException:
+        proc.terminate()
+        proc.wait(timeout=10)
+        raise
     print(f"TensorBoard for {logdir}: {url}  (Ctrl-C to stop)", file=stream or sys.stdout, flush=True)
     try:
         if seconds is not None:
@@ -87,6 +102,8 @@ def serve(logdir: Path, port: Optional[int], seconds: Optional[float], stream=No
     except KeyboardInterrupt:
         pass
     finally:
+        if proxy is not None:
+            proxy.close()
         proc.terminate()
         try:
             proc.wait(timeout=10)
@@ -103,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="OUT.png", help="save loss/LR/throughput plots with attempt boundaries")
     p.add_argument("--serve", action="store_true", help="run TensorBoard on the run's tb/ (or the root) until Ctrl-C")
     p.add_argument("--port", type=int, default=None, help="port for --serve (default: a free one)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address for --serve (default 127.0.0.1; any other needs --token)")
+    p.add_argument("--token", default=None,
+                   help="token --serve requires of every request on a non-loopback --host "
+                        "(default: $HPC_AGENT_REVIEW_TOKEN); sent as ?token=, a Bearer header or a cookie")
     p.add_argument("--serve-seconds", type=float, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -114,6 +136,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     path = Path(args.path)
+    if args.serve:  # refuse an unsafe bind before reading anything
+        from hpc_agent.review_serve import TOKEN_ENV, bind_problem
+
+        args.token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
+        problem = bind_problem(args.host, args.token)
+        if problem:
+            print(problem, file=sys.stderr)
+            return EXIT_USAGE
     if not path.is_dir():
         print(f"review: {path} is not a directory (give a run directory or a runs root)", file=sys.stderr)
         return EXIT_USAGE
@@ -143,7 +173,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"plot: {out}")
     if args.serve:
         logdir = rundir.tb_dir(run_dirs[0]) if len(run_dirs) == 1 else runs_root
-        return serve(logdir, args.port, args.serve_seconds, sys.stderr if args.json else sys.stdout)
+        if logdir.is_symlink():  # TensorBoard would follow it out of the run directory
+            print(f"review: {logdir} is a symbolic link; not serving what it points to", file=sys.stderr)
+            return EXIT_USAGE
+        return serve(logdir, args.port, args.serve_seconds, sys.stderr if args.json else sys.stdout,
+                     args.host, args.token)
     return EXIT_OK
 
 

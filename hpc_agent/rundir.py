@@ -15,6 +15,10 @@ Layout (one home for it; nothing else spells these names)::
 A job can write anything into its run directory, and a user can replace a file by a FIFO or by a link
 to ``/dev/zero``. So files here are read as untrusted input: regular files only (``O_NOFOLLOW``,
 ``S_ISREG``), opened non-blocking (a FIFO never blocks the reader), and never more than a byte cap.
+``O_NOFOLLOW`` guards only the last part of a path, so the folders a job could swap for a link to
+elsewhere (``slurm/``, ``tb/``, ``checkpoints/`` and what is in them) are checked by their readers
+(:func:`find_logs`, ``metrics.tb_reader``, ``checkpoints.scan``), which skip or refuse a link, saying so.
+What hpc_agent writes here is created ``0600``/``0700`` (see ``hpc_agent.filemodes``).
 """
 from __future__ import annotations
 
@@ -91,11 +95,17 @@ def _rank_order(path: Path) -> Tuple[int, str]:
 
 
 def find_logs(run_dir: Optional[Path], job_key: str, stdout_pattern: Optional[str] = None) -> List[Path]:
-    """The job's logs: ``<run dir>/slurm/<jobid>_<rank>_log.out`` (submitit's layout), else the StdOut path."""
+    """The job's logs: ``<run dir>/slurm/<jobid>_<rank>_log.out`` (submitit's layout), else the StdOut path.
+
+    Links are not followed out of the run directory: a ``slurm/`` that is a link is returned itself (not
+    searched), and a log that is a link is returned as found, so that the reader (:func:`tail_log`)
+    refuses either with :class:`UnsafeFile` naming it."""
     found: List[Path] = []
     base = job_key.split("_")[0]
     if run_dir is not None:
         folder = slurm_dir(run_dir)
+        if folder.is_symlink():
+            return [folder]
         found = sorted({*folder.glob(f"{job_key}_*_log.out"), *folder.glob(f"{job_key}_*_log.err")}, key=_rank_order)
     if not found and stdout_pattern:
         # Slurm filename patterns: %j job id, %A array master id; %t task, %a array index etc. vary -> glob.

@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from hpc_agent.filemodes import make_dir
 from hpc_agent.fsutil import pid_alive
 # The rules and file primitives are re-exported: launch/lease.py and the tests take the whole lease from here.
 from hpc_agent.lease_rules import (DEFAULT_HEARTBEAT_S, ENV_HEARTBEAT_S, ENV_STALE_S, LOCAL_PREFIX,  # noqa: F401
@@ -97,7 +98,7 @@ class RunLease:
     def acquire(self, cancelled: Callable[[], bool] = lambda: False) -> Verdict:
         """Take the lease (waiting at most about one staleness period for a holder to show it is alive);
         the verdict says how. Raises :class:`RunDirBusy` when a live attempt of another job holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(self.path.parent)
         seen: object = _NOTHING  # what the previous read found: (token, heartbeat), None, or nothing yet
         began = watch_start = self.monotonic()
         renewal_seen = False

@@ -34,9 +34,13 @@ class Scalars:
     """The run's TensorBoard scalars through the incremental reader; an absent ``tb/`` reads as empty."""
 
     def __init__(self, tb_dir: Path):
-        self._rs = RunScalars(tb_dir) if tb_dir.is_dir() else None
+        # a tb/ that is a link is handed to the reader too: it refuses it and says so in problems()
+        self._rs = RunScalars(tb_dir) if tb_dir.is_dir() or tb_dir.is_symlink() else None
         if self._rs is not None:
             self._rs.update()
+
+    def problems(self) -> List[str]:
+        return self._rs.problems() if self._rs is not None else []
 
     def tags(self) -> List[str]:
         return sorted(self._rs.tags()) if self._rs is not None else []
@@ -86,10 +90,11 @@ def _ledger(runs_root: Path):
 
 
 def find_runs(path: Path) -> Tuple[Path, List[Path]]:
-    """``(runs_root, run_dirs)`` for a run directory or a runs root."""
+    """``(runs_root, run_dirs)`` for a run directory or a runs root. A link in the runs root is not a run
+    directory (it can point anywhere): skipped, as are links the ledger does not name."""
     if _is_run_dir(path) and not (path / LEDGER_FILE).exists():
         return path.parent, [path]
-    dirs = {p.resolve() for p in path.iterdir() if p.is_dir() and _is_run_dir(p)}
+    dirs = {p.resolve() for p in path.iterdir() if not p.is_symlink() and p.is_dir() and _is_run_dir(p)}
     ledger = _ledger(path)
     if ledger is not None:
         try:
@@ -186,6 +191,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
         "throughput": round(statistics.median(samples), 3) if samples else None,
         "productive_s": round(productive, 3), "wall_s": round(end - start, 3) if ettr is not None else None,
         "ettr": ettr, "steps_lost": steps_lost, "boundaries": boundaries,
+        "notes": scalars.problems(),  # event files not read: links out of the run dir, corrupt records
         "_curves": {**{tag: [(p.step, p.wall_time, p.value) for p in scalars.series(tag)] for tag in PLOT_TAGS},
                     "lost_loss": [(p.step, p.wall_time, p.value) for p in lost_loss]},
     }

@@ -17,6 +17,7 @@ from typing import Any, Dict, List
 from hpc_agent import rundir
 from hpc_agent.config.load import to_yaml
 from hpc_agent.config.schema import Config
+from hpc_agent.filemodes import group_of, make_dir, restricted_umask
 from hpc_agent.fsutil import atomic_write_json, atomic_write_text
 from hpc_agent.launcher import job_name_for, make_executor
 from hpc_agent.ledger import Ledger
@@ -65,15 +66,24 @@ def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, conf
                    reason: str):
     """Record the intent, submit ``TrainingJob`` through submitit, record the job id; returns the submitit job.
 
-    An exception from sbatch (no job id) propagates as is; any failure after sbatch accepted the job raises
+    An exception from sbatch (no job id) propagates as is (recorded as a refusal, except
+    ``SbatchTimedOut``: then the job may exist, and the intent stays open); any failure after sbatch accepted the job raises
     :class:`SubmittedButIncomplete`, which carries the job: the caller must not stop the run."""
     from hpc_agent.job import TrainingJob
+
+    from hpc_agent.slurm.submitit_timeout import SbatchTimedOut
 
     submission_id = ledger.record_intent(run_id, kind, str(config_path), reason=reason)
     crash_point("after_intent")
     try:
-        executor = make_executor(kind, rundir.slurm_dir(run_dir), cfg, run_id, run_dir, config_path)
-        job = executor.submit(TrainingJob(run_dir, config_path))
+        # submitit's files (pickles, script, logs) and the job's get the run directory's modes: the slurm/
+        # folder is made here, and the umask is held (the local job inherits it, sbatch passes it on).
+        make_dir(rundir.slurm_dir(run_dir))
+        with restricted_umask(group_of(run_dir)):
+            executor = make_executor(kind, rundir.slurm_dir(run_dir), cfg, run_id, run_dir, config_path)
+            job = executor.submit(TrainingJob(run_dir, config_path))
+    except SbatchTimedOut:
+        raise  # the job may be queued: the intent stays open for the watcher to settle by the job's name
     except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
         ledger.record_failed(submission_id, str(exc))
         raise

@@ -77,11 +77,11 @@ def _wait(executor_kind: str, job, job_id: str, timeout_s: float) -> str:
             time.sleep(1)
         if not job.done():
             return "RUNNING"
-        try:
-            job.result()  # raises if the job raised or died without a result
-        except Exception:  # noqa: BLE001 - any failure of the job means FAILED here
-            return "FAILED"
-        return "COMPLETED"
+        # Not job.result(): that unpickles <id>_result.pkl, a file the job writes. Its opcodes say
+        # ("success", ...) or ("error", ...) without running anything (a job that died wrote none).
+        from hpc_agent.pickle_scan import result_tag
+
+        return "COMPLETED" if result_tag(job.paths.result_pickle) == "success" else "FAILED"
     cli = SlurmCLI()
     state = "UNKNOWN"
     delay = 1.0
@@ -102,6 +102,18 @@ def _warn(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
     except Exception:  # noqa: BLE001 - stderr gone too: the ledger still holds what the user needs
         pass
+
+
+def _audit_submit(ledger, run_id: str, job_id: str, kind: str) -> None:
+    """The submit action's audit record; its failure never hides that the job is submitted."""
+    from hpc_agent.audit import record_action
+    from hpc_agent.journal import Journal
+
+    try:
+        record_action(Journal(ledger), run_id, "submit", job_id, f"python -m hpc_agent.submit ({kind} executor)",
+                      process="submit", result="submitted")
+    except Exception as exc:  # noqa: BLE001 - the ledger failed after sbatch: say so, the job runs anyway
+        _warn(f"warning: job {job_id} is submitted, but its audit record was not written ({exc})")
 
 
 def check_memory(cfg, kind: str) -> MemoryVerdict:
@@ -157,17 +169,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hpc_agent.ledger import Ledger
     from hpc_agent.lifecycle import Event, EventKind
+    from hpc_agent.slurm.submitit_timeout import SbatchTimedOut
     from hpc_agent.submission import SubmittedButIncomplete, log_paths, submit_attempt, write_config
 
-    run_dir.mkdir(parents=True)
-    rundir.tb_dir(run_dir).mkdir()
-    rundir.checkpoints_dir(run_dir).mkdir()
+    from hpc_agent.filemodes import make_dir  # 0700 (0750 with run.group_readable), whatever the umask
+
+    make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
+    make_dir(rundir.tb_dir(run_dir))
+    make_dir(rundir.checkpoints_dir(run_dir))
     write_config(run_dir, cfg)
     ledger = Ledger.in_runs_root(runs_root)
     ledger.add_run(run_id, cfg.run.name, str(run_dir))
     watch_cmd = f"python -m hpc_agent.watch --runs-root {runs_root}"
     try:
         job = submit_attempt(ledger, run_id, run_dir, cfg, config_path, kind, reason="submit")
+        _audit_submit(ledger, run_id, job.job_id, kind)
     except SubmittedButIncomplete as exc:
         # Slurm has a live job: never stop the run, or nobody would follow it. Say which job, and who follows it.
         job = exc.job
@@ -176,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _warn(f"warning: {exc}\n"
               f"Job {exc.job_id} is submitted and the run {run_id} stays followed ({where}): "
               f"`{watch_cmd}` will follow it.")
+    except SbatchTimedOut as exc:  # the job may be queued: leave the run submitting; the watcher settles it
+        _warn(f"warning: {exc}\n`{watch_cmd}` finds the job under the name {job_name_for(run_id)} if Slurm has it.")
+        return EXIT_SUBMIT_FAILED
     except Exception as exc:  # sbatch refused (no job id): say why, keep the run dir and the ledger row
         try:
             ledger.advance(run_id, Event(EventKind.SUBMIT_FAILED))

@@ -8,7 +8,9 @@ adjusted to the cause; every decision goes to the ledger and the run's ``events.
 It runs in the foreground, stops cleanly on SIGTERM/SIGINT (after the current tick), and holds the runs
 root's watcher lease in the ledger (a heartbeat every tick): a second watcher exits with code 3 naming the
 holder, or with ``--wait-for-lease`` waits until the lease expires and takes over. ``--pause`` creates
-``<runs root>/watch.paused``: every watcher stops acting within one tick until ``--resume`` removes it.
+``<runs root>/watch.paused`` (``hpc_agent.killswitch``): every watcher stops acting within one tick, and
+every sweep driver on the root stops before its next submission or cancel, until ``--resume`` removes it.
+Pausing or resuming a folder that is not a runs root (no ledger: a mistyped path) exits 2 and creates nothing.
 A run the watcher could not follow is parked in ``needs_attention``; ``--resume-run RUN_ID`` puts it back.
 """
 from __future__ import annotations
@@ -21,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hpc_agent import killswitch
 from hpc_agent.config.load import RUNS_ENV
+from hpc_agent.filemodes import make_dir
 from hpc_agent.ledger import LEDGER_FILE, Ledger
 from hpc_agent.policy import PolicyLimits
 from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S as INTENT_GRACE_S
@@ -55,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wait-for-lease", action="store_true",
                         help="if another watcher holds the runs root, wait for its lease to expire instead of exiting")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--pause", action="store_true", help="kill switch: make every watcher stop acting, then exit")
+    group.add_argument("--pause", action="store_true",
+                       help="kill switch: make every watcher and sweep driver on the runs root stop acting, then "
+                            "exit (exit 2 if the folder is not a runs root)")
     group.add_argument("--resume", action="store_true", help="lift --pause, then exit")
     group.add_argument("--resume-run", metavar="RUN_ID", help="follow a run parked in needs_attention again, then exit")
     group.add_argument("--rebuild-events", metavar="RUN_ID",
@@ -88,16 +94,9 @@ def _sleep(seconds: float, stop: _Stop) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     runs_root = Path(args.runs_root).expanduser().resolve()
-    pause_file = runs_root / "watch.paused"
-    if args.pause:
-        runs_root.mkdir(parents=True, exist_ok=True)
-        pause_file.write_text(f"paused at {time.ctime()} by pid {os.getpid()}\n")
-        print(f"paused: {pause_file} exists; watchers take no action until `--resume`")
-        return EXIT_OK
-    if args.resume:
-        pause_file.unlink(missing_ok=True)
-        print("resumed: watchers act again from their next tick")
-        return EXIT_OK
+    pause_file = killswitch.pause_path(runs_root)
+    if args.pause or args.resume:
+        return killswitch.switch(runs_root, pause=args.pause)
     if args.interval <= 0 or args.lease_ttl <= 0 or args.intent_grace < 0:
         print("--interval and --lease-ttl must be positive, --intent-grace not negative", file=sys.stderr)
         return EXIT_USAGE
@@ -105,7 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"no ledger at {runs_root / LEDGER_FILE} yet: submit a run first, or pass --runs-root", file=sys.stderr)
         if args.once or args.resume_run or args.rebuild_events:
             return EXIT_OK if args.once else EXIT_USAGE
-        runs_root.mkdir(parents=True, exist_ok=True)
+        make_dir(runs_root)
     ledger = Ledger.in_runs_root(runs_root)
     try:
         if args.resume_run or args.rebuild_events:

@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from hpc_agent import effects, observe
+from hpc_agent import effects, killswitch, observe
 from hpc_agent.follow import NOT_ASKED, Observation, Outcome, RunState, Wants, follow, wants
+from hpc_agent.job_match import Claim, own_attempts
 from hpc_agent.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
 from hpc_agent.ledger import Ledger, Run
 from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase, transition
 from hpc_agent.policy import PolicyLimits
 from hpc_agent.slurm.queries import queue_state
-from hpc_agent.slurm.sacct import AttemptCache
+from hpc_agent.slurm.attempt_cache import AttemptCache
 from hpc_agent.submission import crash_point, submit_attempt
 
 LIVE_PHASES = [p.value for p in FOLLOWED]
@@ -46,10 +47,10 @@ class Watcher:
                  dry_run: bool = False, executor: str = "slurm", limits: Optional[PolicyLimits] = None,
                  submit: Callable[..., Any] = submit_attempt, out: Callable[[str], None] = print,
                  pause_file: Optional[Path] = None, lease: Optional[WatcherLease] = None,
-                 intent_grace_s: float = effects.INTENT_GRACE_S):
+                 intent_grace_s: float = effects.INTENT_GRACE_S, sacct_json: Optional[bool] = None):
         self.ledger, self.slurm, self.runs_root, self.clock, self.out = ledger, slurm, Path(runs_root), clock, out
         self.dry_run, self.limits, self.lease = dry_run, limits or PolicyLimits(), lease
-        self.pause_file = pause_file or self.runs_root / "watch.paused"
+        self.pause_file = pause_file or killswitch.pause_path(self.runs_root)
         self.journal = Journal(ledger, lease)
         self.ctx = effects.Context(ledger, slurm, submit, executor, self._say, clock, intent_grace_s)
         self.carrier = effects.Carrier(self.ctx, self.journal, self._guarded, self._time)
@@ -57,10 +58,14 @@ class Watcher:
         self._said_wait: set = set()
         self._quiet: Dict[str, Any] = {}  # runs whose last follow() decided nothing, with its inputs
         self._sacct = AttemptCache()  # parses only the jobs whose sacct lines changed since the last tick
+        # --json or text: decided by one probe on the first tick that reads sacct, kept for the watcher's life.
+        self._source = observe.SacctSource(sacct_json)
+        self._own: Dict[str, Any] = {}  # job id -> (sacct's attempts, claim, the run's own): reused while unchanged
+        self._said_foreign: set = set()
         self._scalars: Dict[str, Any] = {}  # per run, kept between ticks: each tick reads only new TB bytes
 
     def paused(self) -> bool:
-        return self.pause_file.exists()
+        return killswitch.is_paused(self.pause_file)
 
     def _time(self, at: Optional[float] = None) -> str:
         return _dt.datetime.fromtimestamp(self.clock() if at is None else at).isoformat(timespec="seconds")
@@ -88,21 +93,28 @@ class Watcher:
             self.lease.renew()
         if not self.dry_run:
             self.carrier.settle()
-        rows = [(run_id, phase, job_id) for run_id, phase, job_id in self.ledger.followed_jobs(LIVE_PHASES) if job_id]
+        rows = [row for row in self.ledger.followed_submissions(LIVE_PHASES) if row[2]]
         report.runs = len(rows)
         if not rows:
             return report
-        ids = sorted({job_id for _, _, job_id in rows})
+        ids = sorted({job_id for _, _, job_id, _ in rows})
         found = observe.sacct_attempts(self.slurm, ids, report, lambda text: self.out(f"[watch {self._time()}] {text}"),
-                                       self._sacct)
+                                       self._sacct, self._source)
         if found is None:
             return report
         decided, expedited = self.ledger.attempt_marks(LIVE_PHASES)
         busy = self.journal.pending_runs()
-        for run_id, phase, job_id in rows:
+        for run_id, phase, job_id, intent_at in rows:
             attempts = found.get(job_id)
             if attempts is None or run_id in busy:
                 continue
+            known = self._own.get(job_id)  # inline: this runs for every followed run, every tick
+            if known is not None and known[0] is attempts and known[1] == run_id and known[2] == intent_at:
+                attempts = known[3]
+            else:
+                attempts = self._own_attempts(Claim(job_id, run_id, intent_at), attempts)
+            if not attempts:
+                continue  # only other jobs' records under this id: the run's job is not in sacct yet (unknown)
             if report.paused:  # the kill switch, honoured between runs too (checked before every action)
                 break
             marks = (phase, job_id, decided.get(job_id), expedited.get(job_id))
@@ -116,6 +128,28 @@ class Watcher:
         if not self.dry_run:
             self.carrier.flush_events()
         return report
+
+    def _own_attempts(self, claim: Claim, attempts: List[Any]) -> Any:
+        """The run's own attempts among what sacct lists under its job id (hpc_agent/job_match.py), kept in
+        ``self._own`` so that the next tick gets the same object while sacct's answer is the same (the
+        quiet-run shortcut relies on it). Another job's record is said, and audited, once per watcher."""
+        run_id = claim.run_id
+        own, foreign = own_attempts(attempts, claim)
+        own_list = list(own) if foreign or any(a is not b for a, b in zip(own, attempts)) else attempts
+        self._own[claim.job_id] = (attempts, run_id, claim.intent_at, own_list)
+        for other in foreign:
+            key = (claim.job_id, other.position, other.job_name, other.submit)
+            if key in self._said_foreign:
+                continue
+            self._said_foreign.add(key)
+            self._say(run_id, other.describe())
+            if not self.dry_run:
+                record = {"job_id": claim.job_id, "action": "ignored_foreign_record", "reason": other.reason,
+                          "evidence": {"job_name": other.job_name, "submit": other.submit,
+                                       "position": other.position}}
+                phase = self.ledger.run(run_id).phase
+                commit_or_skip(self.journal, run_id, phase, Outcome(Phase(phase), audit=(record,)))
+        return own_list
 
     def _guarded(self, run: Run, job_id: str, step: Callable[[], None]) -> None:
         """One run's trouble is that run's: park it with the reason, and go on with the others."""

@@ -28,7 +28,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 # login-node side, which must not import this torch-side package: they live in hpc_agent.checkpoints.
 from hpc_agent.checkpoints import (MARKER, MARKER_VERSION, Candidate, Selection, files_of, problem,  # noqa: F401
                                    read_candidate, retention, scan, select, step_of, tag_for)
+from hpc_agent.filemodes import dir_mode, file_mode_in, group_of, make_dir, set_mode
 from hpc_agent.fsutil import atomic_write_json
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a file of a checkpoint is never a link out of the run directory
 
 CONFIRM_WAIT_S = 10.0
 """How long rank 0 waits for other ranks' files to show up with their reported sizes."""
@@ -42,12 +45,16 @@ def owned_by(name: str, rank: int) -> bool:
 
 
 def fsync_own_files(tag_dir: Path, rank: int) -> Dict[str, int]:
-    """Flush this rank's files to stable storage; returns them with their sizes."""
+    """Flush this rank's files to stable storage, with the mode the checkpoints folder calls for (DeepSpeed
+    creates them under the umask: hpc_agent.filemodes); returns them with their sizes. Links are no files
+    of a checkpoint (:func:`files_of`) and are never opened."""
     mine = {}
+    mode = file_mode_in(tag_dir.parent)
     for rel, size in files_of(tag_dir).items():
         if owned_by(Path(rel).name, rank):
-            fd = os.open(tag_dir / rel, os.O_RDONLY)
+            fd = os.open(tag_dir / rel, os.O_RDONLY | _NOFOLLOW)
             try:
+                set_mode(fd, mode)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -64,7 +71,7 @@ def _unconfirmed(tag_dir: Path, files: Dict[str, int]) -> Dict[str, Any]:
         lost: Dict[str, Any] = {}
         for rel, size in files.items():
             try:
-                fd = os.open(tag_dir / rel, os.O_RDONLY)
+                fd = os.open(tag_dir / rel, os.O_RDONLY | _NOFOLLOW)
                 try:
                     seen = os.fstat(fd).st_size
                 finally:
@@ -97,7 +104,7 @@ def save(engine: Any, root: Path, step: int, client_state: Dict[str, Any], layou
     tag = tag_for(step)
     tag_dir = root / tag
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
+        make_dir(root)
         if tag_dir.exists():  # torn leftover of an attempt that died while saving this step
             shutil.rmtree(tag_dir)
     barrier()
@@ -110,6 +117,7 @@ def save(engine: Any, root: Path, step: int, client_state: Dict[str, Any], layou
         lost = _unconfirmed(tag_dir, files)
         if lost:  # shared file system out of sync: better no marker than a false one
             raise RuntimeError(f"checkpoint {tag}: files reported by the ranks do not match the disk: {lost}")
+        set_mode(tag_dir, dir_mode(group_of(root)))  # made by DeepSpeed under the umask
         if before_marker is not None:
             before_marker(step, tag_dir)
         atomic_write_json(tag_dir / MARKER, {"version": MARKER_VERSION, "step": step, "tag": tag,

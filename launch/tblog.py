@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional
 
 from hpc_agent import rundir
+from hpc_agent.filemodes import file_mode_in, make_dir, set_mode
 
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -53,9 +54,13 @@ class TBLog:
 
         tb_dir = rundir.tb_dir(run_dir)
         self.attempt = attempt_number(tb_dir, environ)
-        tb_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(tb_dir)
         self.writer = SummaryWriter(str(tb_dir), purge_step=self.first_step,
                                     filename_suffix=f".attempt{self.attempt}")
+        # the writer created its file under the umask: give it the run directory's mode (hpc_agent.filemodes)
+        for path in tb_dir.glob(f"{EVENT_GLOB}.attempt{self.attempt}"):
+            if not path.is_symlink():
+                set_mode(path, file_mode_in(tb_dir))
         self.writer.add_scalar("run/attempt", self.attempt, self.first_step)
         self.writer.add_text("config", "```yaml\n" + config_text + "\n```", self.first_step)
         self.writer.flush()

@@ -54,9 +54,12 @@ def synthetic_sacct(job_ids: Sequence[str], fields: Sequence[str] = SACCT_FIELDS
     """A ``sacct --parsable2`` answer for these jobs: an allocation row each (RUNNING, or PENDING for every
     ``pending_every``-th) plus batch and step rows for the running ones, as sacct prints them."""
     lines = ["|".join(fields)]
+    submitted = time.strftime("%Y-%m-%dT%H:%M:%S")
     for i, job in enumerate(job_ids):
         pending = pending_every and i % pending_every == pending_every - 1
-        base = {"JobID": job, "JobName": f"hpc_agent:run-{job}", "ExitCode": "0:0", "Elapsed": "00:10:00",
+        # The name and submit time of the run's own job (hpc_agent/job_match.py ignores another job's records).
+        base = {"JobID": job, "JobName": f"hpc_agent:load-{int(job) - FIRST_JOB_ID:05d}", "ExitCode": "0:0",
+                "Elapsed": "00:10:00", "Submit": submitted,
                 "State": "PENDING" if pending else "RUNNING", "NodeList": "None assigned" if pending else "node1",
                 "Start": "Unknown" if pending else "2026-11-30T10:00:00", "End": "Unknown"}
         lines.append("|".join(base.get(f, "") for f in fields))

@@ -295,3 +295,30 @@ def test_tail_log_marks_a_cut_file(tmp_path):
     assert tail_log(path, 10_000).truncated is False
     cut = tail_log(path, len(APPENDED_TAIL) + 5)
     assert cut.truncated is True and cut.text.startswith("[hpc_agent] step 880")
+
+
+# --- a step OUT_OF_MEMORY under an allocation that says FAILED (issue 16) -----------------------------------
+@pytest.mark.parametrize("corpus_file", ["real_590_fixed_truncated.txt", "real_590_P_wide.txt", "real_6_json2205.json",
+                                         "real_590_json24.json"])
+@pytest.mark.parametrize("log_name", [None, "code_error_value.log", "code_error_chained.log",
+                                      "nothing_recognisable.log"])
+def test_step_oom_under_failed_allocation_is_host_oom(corpus_file, log_name):
+    """Real jobs 590 and 6: allocation FAILED 1:0 (the batch script's exit after srun died), step
+    OUT_OF_MEMORY 0:125. The cgroup OOM kill is the cause, whatever the allocation row or a traceback says."""
+    from hpc_agent.slurm.sacct_read import read_sacct_text
+
+    job = corpus_file.split("_")[1]
+    [attempt] = attempts_of(read_sacct_text((DATA / "sacct_corpus" / corpus_file).read_text()), job)
+    assert attempt.state == "FAILED" and attempt.oom_step is not None
+    diagnosis = classify_attempt(attempt, [log(log_name)] if log_name else [])
+    assert diagnosis.cause == Cause.HOST_OOM
+    assert any("OUT_OF_MEMORY" in line for line in diagnosis.evidence)
+
+
+def test_completed_allocation_with_an_oom_step_stays_completed():
+    """Not every OOM step ends a job: an .extern step can read OUT_OF_MEMORY on a job that finished its work
+    (its script went on and exited 0). The allocation's COMPLETED decides; the odd step is shown."""
+    text = "JobID|State|ExitCode\n12|COMPLETED|0:0\n12.batch|COMPLETED|0:0\n12.extern|OUT_OF_MEMORY|0:125\n"
+    [attempt] = attempts_of(parse_sacct(text), "12")
+    diagnosis = classify_attempt(attempt)
+    assert diagnosis.cause == Cause.COMPLETED and "12.extern OUT_OF_MEMORY" in diagnosis.evidence[0]

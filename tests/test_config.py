@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from hpc_agent.config import ConfigError
-from hpc_agent.config.load import build_config, load_config, load_snapshot, to_yaml
-from hpc_agent.config.problems import shell_unsafe_reason
+from hpc_agent.config.load import build_config, load_config, load_snapshot, load_snapshot_text, to_yaml
+from hpc_agent.config.fields import field_problem
 
 
 def problems_of(*overrides: str, config: str = "quickstart") -> dict:
@@ -71,12 +71,27 @@ def test_three_mistakes_reported_together():
 
 
 @pytest.mark.parametrize("key", ["run.name", "slurm.partition", "slurm.account", "slurm.qos", "slurm.constraint",
-                                 "slurm.exclude", "run.runs_root", "slurm.extra_sbatch.mail-user"])
-@pytest.mark.parametrize("payload", ["x;touch /tmp/pwned", "x`id`", "x$(id)", "x#comment", "x\nsrun evil"])
+                                 "slurm.exclude", "slurm.extra_sbatch.mail-user"])
+@pytest.mark.parametrize("payload", ["x;touch /tmp/pwned", "x`id`", "x$(id)", "x#comment", "x\nsrun evil",
+                                     "x && touch /tmp/pwned", "x | id", "x>/tmp/pwned"])
 def test_injection_is_rejected(key, payload):
     with pytest.raises(ConfigError) as info:
         build_config([{"run": {"name": "ok"}}, _nested(key, payload)])
     assert key in {p.key for p in info.value.problems}
+
+
+@pytest.mark.parametrize("payload", ["x;touch /tmp/pwned", "x`id`", "x$(id)", "x#comment", "x && touch /tmp/pwned"])
+def test_runs_root_is_a_path_quoted_not_a_blacklist(payload):
+    """A directory may be called that: the renderer quotes it once (tests/test_job_script_hostile.py runs it)."""
+    assert build_config([{"run": {"name": "ok", "runs_root": payload}}]).run.runs_root == payload
+
+
+@pytest.mark.parametrize("payload, why", [("x\nsrun evil", "a newline"), ("a\\b", "backslash"), ("r%j", "'%'"),
+                                          ("/" + "x" * 4000, "at most"), ("/" + "y" * 256, "component")])
+def test_runs_root_that_sbatch_would_misread_is_rejected(payload, why):
+    with pytest.raises(ConfigError) as info:
+        build_config([{"run": {"name": "ok", "runs_root": payload}}])
+    assert [p.key for p in info.value.problems] == ["run.runs_root"] and why in str(info.value)
 
 
 def _nested(dotted: str, value):
@@ -89,12 +104,19 @@ def _nested(dotted: str, value):
     return out
 
 
-@pytest.mark.parametrize("value, reason", [
-    ("plain-value_1.2", None), ("a;b", "';'"), ("a#b", "'#'"), ("a`b", "a backtick"), ("a$(b)", "'$('"),
-    ("a\nb", "a newline"), ("${SAFE}", None),
+@pytest.mark.parametrize("key, value, offending", [
+    ("slurm.partition", "low,high", None), ("slurm.partition", "a;b", "';' at position 1"),
+    ("slurm.account", "${SAFE}", "'$' at position 0"), ("slurm.qos", "a&&b", "'&' at position 1"),
+    ("slurm.constraint", "[rack1*2&rack2*4]", None), ("slurm.constraint", "a>b", "'>' at position 1"),
+    ("slurm.exclude", "node[1-3,5],gpu01", None), ("slurm.exclude", "a|b", "'|' at position 1"),
+    ("slurm.time", "UNLIMITED", None), ("slurm.mem", "4G#x", "'#' at position 2"),
+    ("slurm.extra_sbatch.mail-type", "a\nb", "a newline at position 1"),
+    ("run.runs_root", "/tmp/r {config} $x 'q'", None), ("run.runs_root", "/tmp/a\\b", "backslash"),
 ])
-def test_shell_unsafe_reason(value, reason):
-    assert shell_unsafe_reason(value) == reason
+def test_field_allow_lists_name_the_offending_character(key, value, offending):
+    """An allow-list per field: what a blacklist let through (&&, |, >, ${) is rejected, naming the character."""
+    problem = field_problem(key, value)
+    assert problem is None if offending is None else offending in problem
 
 
 def test_sexagesimal_time_override_stays_a_string():
@@ -131,3 +153,73 @@ def test_snapshot_round_trips(tmp_path):
 def test_empty_sections_are_fine():
     cfg = build_config([{"model": {}, "slurm": {"extra_sbatch": {}}}])
     assert cfg.model.n_layers >= 1
+
+
+# --- values from the environment (${oc.env:...}) and Slurm's metadata ------------------------------------
+SECRET = "tok-3f9a1c"
+
+
+@pytest.mark.parametrize("key", ["slurm.account", "slurm.partition", "slurm.qos", "slurm.constraint",
+                                 "slurm.exclude", "slurm.extra_sbatch.comment", "run.name", "run.runs_root"])
+def test_environment_value_in_slurm_metadata_is_refused_naming_field_variable_and_fix(key, monkeypatch):
+    monkeypatch.setenv("HPC_AGENT_TEST_SECRET", SECRET)
+    with pytest.raises(ConfigError) as info:
+        build_config([_nested(key, "${oc.env:HPC_AGENT_TEST_SECRET}")])
+    found = {p.key: p for p in info.value.problems}
+    assert key in found, found
+    text = info.value.render()
+    assert "HPC_AGENT_TEST_SECRET" in found[key].expected and "slurm.env_in_metadata" in found[key].expected
+    assert SECRET not in text  # the refusal never prints the value
+
+
+def test_allowed_environment_value_is_resolved_and_recorded_by_name_in_the_snapshot(monkeypatch):
+    monkeypatch.setenv("HPC_AGENT_TEST_ACCOUNT", "proj42")
+    monkeypatch.setenv("HPC_AGENT_TEST_DATA", "/data/corpus.txt")
+    cfg = build_config([{"slurm": {"account": "${oc.env:HPC_AGENT_TEST_ACCOUNT}", "env_in_metadata": ["account"]},
+                         "data": {"path": "${oc.env:HPC_AGENT_TEST_DATA}"}}])
+    assert cfg.slurm.account == "proj42" and cfg.data.path == "/data/corpus.txt"
+    assert cfg.env_origin == {"slurm.account": ["HPC_AGENT_TEST_ACCOUNT"], "data.path": ["HPC_AGENT_TEST_DATA"]}
+    snapshot = to_yaml(cfg)
+    assert "env_origin:" in snapshot and "HPC_AGENT_TEST_ACCOUNT" in snapshot
+    # Read back (a resubmission): same values and record, and the environment is not consulted again.
+    monkeypatch.delenv("HPC_AGENT_TEST_ACCOUNT")
+    again = load_snapshot_text(snapshot)
+    assert again == cfg
+
+
+def test_a_later_literal_value_clears_the_environment_origin(monkeypatch):
+    monkeypatch.setenv("HPC_AGENT_TEST_ACCOUNT", "proj42")
+    cfg = build_config([{"slurm": {"account": "${oc.env:HPC_AGENT_TEST_ACCOUNT}"}}, {"slurm": {"account": "lit"}}])
+    assert cfg.slurm.account == "lit" and cfg.env_origin == {}
+
+
+def test_default_of_an_unset_variable_counts_as_from_the_environment(monkeypatch):
+    monkeypatch.delenv("HPC_AGENT_TEST_UNSET", raising=False)
+    with pytest.raises(ConfigError) as info:
+        build_config([{"slurm": {"qos": "${oc.env:HPC_AGENT_TEST_UNSET,normal}"}}])
+    assert "slurm.qos" in {p.key for p in info.value.problems}
+    cfg = build_config([{"data": {"path": "${oc.env:HPC_AGENT_TEST_UNSET,/tmp/x}"}}])
+    assert cfg.data.path == "/tmp/x" and cfg.env_origin == {"data.path": ["HPC_AGENT_TEST_UNSET"]}
+
+
+def test_env_in_metadata_names_only_metadata_keys():
+    with pytest.raises(ConfigError) as info:
+        build_config([{"slurm": {"env_in_metadata": ["train.lr", "nonsense"]}}])
+    assert [p.value for p in info.value.problems if p.key == "slurm.env_in_metadata"] == ["train.lr", "nonsense"]
+
+
+def test_escaped_interpolation_stays_literal_through_the_snapshot(monkeypatch):
+    monkeypatch.setenv("HPC_AGENT_TEST_SECRET", SECRET)
+    cfg = build_config([{"data": {"path": "/d/\\${oc.env:HPC_AGENT_TEST_SECRET}"}}])
+    assert cfg.data.path == "/d/${oc.env:HPC_AGENT_TEST_SECRET}" and cfg.env_origin == {}
+    again = load_snapshot_text(to_yaml(cfg))
+    assert again.data.path == cfg.data.path  # not resolved on the way back
+
+
+def test_snapshot_written_by_submit_records_env_origin(tmp_path, monkeypatch):
+    from hpc_agent.submission import write_config
+
+    monkeypatch.setenv("HPC_AGENT_TEST_DATA", "/data/x.txt")
+    cfg = load_config("quickstart", ["data.path=${oc.env:HPC_AGENT_TEST_DATA}"], env={})
+    text = write_config(tmp_path, cfg).read_text()
+    assert "env_origin:\n  data.path:\n  - HPC_AGENT_TEST_DATA" in text

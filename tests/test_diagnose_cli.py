@@ -186,9 +186,8 @@ CASES = [
     Case("recorded-fault-host-alloc", "recorded_launch_4.txt", "host_oom", ["recorded_host_oom_4_0_log.out"],
          ["oom-kill event(s) in StepId=4.0", "4.0 OUT_OF_MEMORY"], bad_nodes=["node2"]),
     # --- sacct said nothing useful: unknown means wait ------------------------------------------------------
-    Case("sacct-empty", "empty.txt", "unknown", [], ["no record"], action="wait"),
+    # A header and no rows: sacct knows no such job (yet). Empty or garbage files are refused (exit 2) below.
     Case("sacct-header-only", "header_only.txt", "unknown", [], ["no record"], job_id="5", action="wait"),
-    Case("sacct-garbage", "garbage.txt", "unknown", [], ["not understood"], job_id="5", action="wait"),
 ]
 
 
@@ -369,6 +368,32 @@ def test_bad_arguments_exit_2(argv, capsys):
     assert capsys.readouterr().err.strip()
 
 
+@pytest.mark.parametrize("name, needle", [
+    ("empty.txt", "empty: no sacct output"),
+    ("garbage.txt", "no sacct header line"),
+], ids=["empty", "garbage"])
+def test_unreadable_sacct_file_is_exit_2_never_unknown(name, needle, capsys):
+    assert diagnose.main(["5", "--sacct-file", str(SACCT / name), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no report at all, so no "unknown" to act on
+    assert f"--sacct-file {SACCT / name} is not sacct output" in captured.err and needle in captured.err
+
+
+def test_sacct_file_read_bounded(tmp_path, monkeypatch, capsys):
+    big = tmp_path / "big.txt"
+    big.write_text((SACCT / "failed.txt").read_text() + "x" * 4096)
+    monkeypatch.setattr(diagnose, "MAX_SACCT_FILE_BYTES", 1024)
+    assert diagnose.main(["--sacct-file", str(big)]) == 2
+    assert "larger than" in capsys.readouterr().err
+
+
+def test_binary_sacct_file_is_exit_2(tmp_path, capsys):
+    blob = tmp_path / "core"
+    blob.write_bytes(bytes(range(256)) * 64)
+    assert diagnose.main(["--sacct-file", str(blob)]) == 2
+    assert "binary data" in capsys.readouterr().err
+
+
 def test_tail_bytes_reads_only_the_end(tmp_path, capsys):
     log = tmp_path / "big.log"
     log.write_text("x" * 5000 + "\n" + "ValueError: early\n" + "y\n" * 3000 + (LOGS / "gpu_oom_old_torch.log").read_text())
@@ -389,6 +414,9 @@ def test_subprocess_bad_file_exit_2(tmp_path):
     proc = run_cli("-m", "hpc_agent.diagnose", "--sacct-file", str(tmp_path / "missing.txt"), cwd=tmp_path)
     assert proc.returncode == 2
     assert "cannot read --sacct-file" in proc.stderr
+    garbage = run_cli("-m", "hpc_agent.diagnose", "--sacct-file", str(SACCT / "garbage.txt"), cwd=tmp_path)
+    assert garbage.returncode == 2 and "Traceback" not in garbage.stderr
+    assert "no sacct header line" in garbage.stderr
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--sacct-file", str(SACCT / "failed.txt"), "--json"]])

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.slurm.sacct import (SACCT_FIELDS, attempts_of, expand_hostlist, group_attempts, has_sacct_header,
+from hpc_agent.slurm.hostlist import expand_hostlist
+from hpc_agent.slurm.sacct import (SACCT_FIELDS, attempts_of, group_attempts, has_sacct_header,
                                    job_key_of, job_state, latest_attempts, normalize_state, parse_exit_code,
                                    parse_parsable2, parse_sacct)
 
@@ -162,7 +163,7 @@ def test_legacy_helpers_used_by_submit_still_work():
 
 
 def test_attempt_cache_matches_a_full_parse_and_reparses_only_changed_jobs():
-    from hpc_agent.slurm.sacct import AttemptCache, split_by_job
+    from hpc_agent.slurm.attempt_cache import AttemptCache, split_by_job
 
     head = "JobID|JobName|State|ExitCode|NodeList|Start|End"
     first = "\n".join([head, "7|a|RUNNING|0:0|node1|2026-12-01T10:00:00|Unknown",
@@ -183,3 +184,190 @@ def test_attempt_cache_matches_a_full_parse_and_reparses_only_changed_jobs():
     assert split_by_job("sacct: error: slurmdbd down\n") is None and cache.attempts("garbage") == {}
     twice = first + first  # two headers (concatenated replies): parsed whole, as parse_sacct does
     assert split_by_job(twice) is None and cache.attempts(twice) == group_attempts(parse_sacct(twice))
+
+
+# --- the reader of every format (hpc_agent.slurm.sacct_read / sacct_json) ---------------------------------
+import json as _json  # noqa: E402
+import time as _time  # noqa: E402
+
+from hpc_agent.slurm.sacct import SacctFormatError as _SacctFormatErrorHome  # noqa: E402
+from hpc_agent.slurm.sacct_json import exit_code as json_exit_code, number, parse_sacct_json  # noqa: E402
+from hpc_agent.slurm.sacct_read import (FIXED_WIDTH, PARSABLE, PARSABLE2, SacctFormatError,  # noqa: E402
+                                        canonical_field, read_sacct, read_sacct_text)
+
+CORPUS = Path(__file__).resolve().parent / "data" / "sacct_corpus"
+WIDE_COMMENT_LAST = (
+    "JobID|JobName|Partition|State|ExitCode|DerivedExitCode|NodeList|MaxRSS|ReqMem|Comment\n"
+    "109|hpc_agent:gpt-20261130-120500|gpu|FAILED|1:0|0:0|node1||64G|\n"
+    "109.batch|batch||FAILED|1:0||node1|1843204K||\n"
+    "109.0|python3||OUT_OF_MEMORY|0:125||node1|61210344K||\n")
+
+
+def test_empty_trailing_comment_is_not_mistaken_for_parsable_bar():
+    """The bug of issue 16: every row of -P output with an empty last column was dropped."""
+    for parse in (parse_sacct, read_sacct_text):
+        rows = parse(WIDE_COMMENT_LAST)
+        assert [(r.job_id, r.state, r.get("Comment"), r.get("ReqMem")) for r in rows] == [
+            ("109", "FAILED", "", "64G"), ("109.batch", "FAILED", "", ""), ("109.0", "OUT_OF_MEMORY", "", "")]
+    assert read_sacct(WIDE_COMMENT_LAST).formats == (PARSABLE2,)
+
+
+def test_parsable_bar_decided_by_the_header():
+    text = "State|JobID|ExitCode|Comment|\nFAILED|7|1:0||\nFAILED|7.batch|1:0|note|\n"
+    reading = read_sacct(text)
+    assert reading.formats == (PARSABLE,)
+    assert [(r.job_id, r.get("Comment")) for r in reading.rows] == [("7", ""), ("7.batch", "note")]
+
+
+def test_crlf_and_unicode_line_separators_in_names():
+    text = WIDE_COMMENT_LAST.replace("hpc_agent:gpt", "run\u2028\x85\x0bé").replace("\n", "\r\n")
+    rows = read_sacct_text(text)
+    assert [r.job_id for r in rows] == ["109", "109.batch", "109.0"]
+    assert rows[0].get("JobName").startswith("run\u2028\x85\x0bé") and rows[0].get("Comment") == ""
+
+
+def test_a_name_cannot_pose_as_a_header():
+    text = "JobID|JobName|State|ExitCode\n12|x|JobID|State|FAILED|1:0\n"
+    rows = read_sacct_text(text)
+    assert [(r.job_id, r.get("JobName"), r.state) for r in rows] == [("12", "x|JobID|State", "FAILED")]
+
+
+FIXED = (
+    "JobID           JobName      State ExitCode        NodeList \n"
+    "------------ ---------- ---------- -------- --------------- \n"
+    "12345        hpc_agent+ OUT_OF_ME+    0:125           node1 \n"
+    "12345.bat+        batch OUT_OF_ME+    0:125           node1 \n"
+    "12_[1-4]     hpc_agent+    PENDING      0:0   None assigned \n"
+    "13+0         té漢字+ CANCELLED+      0:0       node[1-2] \n")  # the name is 10 bytes, 6 characters
+
+
+def test_fixed_width_columns_from_the_dashes_truncation_completed():
+    assert len("té漢字+".encode()) == 10
+    reading = read_sacct(FIXED)
+    assert reading.formats == (FIXED_WIDTH,)
+    got = [(r.job_id, r.step, r.array_task, r.het_offset, r.state, r.exit_code) for r in reading.rows]
+    assert got == [("12345", None, None, None, "OUT_OF_MEMORY", "0:125"),
+                   ("12345.batch", "batch", None, None, "OUT_OF_MEMORY", "0:125"),
+                   ("12_[1-4]", None, "[1-4]", None, "PENDING", "0:0"),
+                   ("13+0", None, None, 0, "CANCELLED", "0:0")]
+    assert reading.rows[-1].nodes == ["node1", "node2"]  # widths are bytes: the UTF-8 name does not shift them
+
+
+def test_truncated_header_names():
+    assert [canonical_field(n) for n in ("NodeLi", "ExitC", "DerivedE+", "jobid", "Sta", "Start")] == [
+        "NodeList", "ExitCode", "DerivedExitCode", "JobID", "Sta", "Start"]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("", "empty"), ("  \r\n", "empty"), ("a\x00b", "binary"),
+    ("sacct: error: Connection refused\n", "no sacct header line"),
+    ("145|ct-oom|OUT_OF_MEMORY|0:125\n", "without -n"),
+    ("{\"jobs\": 3}", "not `sacct --json`"), ("{oops", "not valid JSON"), ("[" * 100000, "no sacct header"),
+    ("{\"jobs\": [], \"errors\": [{\"error\": \"Unable to connect to database\"}]}", "Unable to connect"),
+    ("{\"jobs\": [1]}", "jobs[0] is not an object"), ("{" * 100000, "JSON"),
+    ("JobID|State\n12 FAILED\n", "none of the 1 line(s)"),
+])
+def test_not_sacct_is_a_clear_error(text, needle):
+    with pytest.raises(SacctFormatError) as info:
+        read_sacct_text(text)
+    assert needle in str(info.value)
+    assert SacctFormatError is _SacctFormatErrorHome and issubclass(SacctFormatError, ValueError)
+
+
+def test_header_only_is_no_rows_not_an_error():
+    assert read_sacct_text(read("header_only.txt")) == []
+    assert read_sacct_text('{"meta": {}, "errors": [], "jobs": []}') == []
+
+
+def _json24_job(**over):
+    job = {"job_id": 12, "name": "evil\n12|x|COMPLETED|0:0", "state": {"current": ["FAILED"], "reason": "None"},
+           "exit_code": {"status": ["ERROR"], "return_code": {"set": True, "infinite": False, "number": 65},
+                         "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""}},
+           "array": {"job_id": 0, "task_id": {"set": False, "infinite": False, "number": 0}, "task": ""},
+           "het": {"job_id": 0, "job_offset": {"set": False, "infinite": False, "number": 0}},
+           "nodes": "node[1-2]", "comment": {"job": "run=abc|x", "administrator": "", "system": ""},
+           "time": {"submission": {"set": True, "infinite": False, "number": 1796000000},
+                    "start": {"set": True, "infinite": False, "number": 1796000010},
+                    "end": {"set": True, "infinite": False, "number": 0}, "elapsed": 3725},
+           "steps": [{"step": {"id": "12.batch", "name": "batch"}, "state": ["OUT_OF_MEMORY"],
+                      "exit_code": {"status": ["SIGNALED"], "return_code": {"set": False, "number": 0},
+                                    "signal": {"id": {"set": True, "number": 125}, "name": ""}},
+                      "nodes": {"range": "node1"}, "time": {"start": 1796000010, "end": 1796000020}},
+                     {"step": {"id": {"job_id": 12, "step_id": 4294967292}, "name": "extern"}, "state": "COMPLETED",
+                      "exit_code": {"status": "SUCCESS", "return_code": 0}, "nodes": "node[1-2]", "time": {}}]}
+    job.update(over)
+    return job
+
+
+def test_json_24_shape_becomes_the_rows_text_mode_prints(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    _time.tzset()
+    try:
+        rows = parse_sacct_json(_json.dumps({"meta": {"slurm": {"version": {"major": "24"}}}, "jobs": [_json24_job()]}))
+    finally:
+        monkeypatch.undo()
+        _time.tzset()
+    alloc, batch, extern = rows
+    assert (alloc.job_id, alloc.state, alloc.exit_code, alloc.get("JobName")) == (
+        "12", "FAILED", "65:0", "evil\n12|x|COMPLETED|0:0")  # one row: the name forges nothing
+    assert (alloc.get("Start"), alloc.get("End"), alloc.get("Submit"), alloc.get("Elapsed"), alloc.get("Comment")) == (
+        "2026-11-30T00:53:30", "Unknown", "2026-11-30T00:53:20", "01:02:05", "run=abc|x")
+    assert alloc.nodes == ["node1", "node2"]
+    assert (batch.job_id, batch.state, batch.exit_code) == ("12.batch", "OUT_OF_MEMORY", "0:125")
+    assert (extern.job_id, extern.exit_code) == ("12.extern", "0:0")
+    [attempt] = attempts_of(rows, "12")
+    assert attempt.oom_step is batch
+
+
+@pytest.mark.parametrize("over, job_id", [
+    ({"array": {"job_id": 12, "task_id": {"set": True, "number": 3}}}, "12_3"),
+    ({"array": {"job_id": 12, "task_id": None, "task": "0x1e"}}, "12_[1-4]"),
+    ({"array": {"job_id": 12, "task_id": {"set": False}, "task": "1-4"}}, "12_[1-4]"),
+    ({"het": {"job_id": 12, "job_offset": {"set": True, "number": 1}}}, "12+1"),
+    ({"het": {"job_id": 12, "job_offset": 0}}, "12+0"),
+])
+def test_json_array_and_het_ids(over, job_id):
+    rows = parse_sacct_json(_json.dumps({"jobs": [_json24_job(**over)]}))
+    assert [r.job_id for r in rows] == [job_id, f"{job_id}.batch", f"{job_id}.extern"]
+
+
+def test_json_numbers_and_exit_codes():
+    assert [number(v) for v in (5, "5", {"set": True, "number": 5}, {"set": False, "number": 5},
+                                {"set": True, "infinite": True, "number": 5}, True, None, "x", 1e400)] == [
+        5, 5, 5, None, None, None, None, None, None]
+    assert json_exit_code({"status": "SIGNALED", "return_code": None, "signal": {"signal_id": 15}}) == "0:15"
+    assert json_exit_code({"status": "PENDING", "return_code": None}) == ""
+
+
+def test_json_2205_lost_exit_status_is_unknown_not_zero():
+    """22.05 prints SUCCESS/0 for a job text mode shows as FAILED 65:0 (real, job 2 of the corpus)."""
+    doc = _json.loads((CORPUS / "real_2_json24.json").read_text())  # 24.x shape: statuses kept
+    assert [r.exit_code for r in parse_sacct_json(_json.dumps(doc)) if r.job_id == "2"][-1] == "65:0"
+    lossy = {"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "jobs": [_json24_job(exit_code={"status": "SUCCESS", "return_code": 0})]}
+    assert parse_sacct_json(_json.dumps(lossy))[0].exit_code == ""
+
+
+def test_every_format_of_one_real_job_gives_the_same_rows(monkeypatch):
+    """Job 590 of the localhost cluster (FAILED 1:0, step OUT_OF_MEMORY) as -P, -p, fixed width and --json."""
+    monkeypatch.setenv("TZ", "UTC")  # the cluster printed UTC; the JSON holds epochs
+    _time.tzset()
+    try:
+        shapes = {name: read_sacct_text((CORPUS / name).read_text()) for name in (
+            "real_590_P_wide.txt", "real_590_P_crlf.txt", "real_590_fixed.txt", "real_590_json2205.json",
+            "real_590_json24.json")}
+    finally:
+        monkeypatch.undo()
+        _time.tzset()
+    key = lambda r: (r.job_id, r.state, r.get("NodeList"), r.get("Start"), r.get("End"))  # noqa: E731
+    expected = [key(r) for r in shapes["real_590_P_wide.txt"]]
+    assert expected[-1][:2] == ("590.0", "OUT_OF_MEMORY")
+    for name, rows in shapes.items():
+        assert [key(r) for r in rows] == expected, name
+    p = read_sacct_text((CORPUS / "real_6_p_reordered.txt").read_text())
+    assert [(r.job_id, r.exit_code) for r in p] == [("6", "1:0"), ("6.batch", "1:0"), ("6.0", "0:125")]
+
+
+def test_steps_printed_before_their_allocation_still_count():
+    text = "JobID|State|ExitCode\n12.0|OUT_OF_MEMORY|0:125\n12|FAILED|1:0\n12.batch|FAILED|1:0\n"
+    [attempt] = attempts_of(read_sacct_text(text), "12")
+    assert attempt.state == "FAILED" and attempt.oom_step is not None and len(attempt.steps) == 2

@@ -17,7 +17,9 @@ import pytest
 
 from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
 from hpc_agent.slurm.queries import jobs_named, queue_state
-from hpc_agent.slurm.sacct import SACCT_FIELDS, group_attempts, parse_sacct
+from hpc_agent.observe import json_verdict
+from hpc_agent.slurm.sacct import SACCT_FIELDS, WATCH_FIELDS, group_attempts, parse_sacct
+from hpc_agent.slurm.sacct_json import parse_sacct_json
 from tests.conftest import slurm_ready
 from tests.helpers.fake_slurm import FakeSlurm
 from tests.slurm_contract import TS, FakeCluster, RealCluster, check_row_formats, step
@@ -140,7 +142,9 @@ def test_cancel_running_and_pending(c):
     (pending,) = c.wait_states(held, ["CANCELLED"])
     assert pending.start == "None" and pending.primary.get("NodeList") == "None assigned" and pending.steps == ()
     assert re.match(r"^\d{4}-", pending.end)
-    assert queue_state(c.client, job) == "" and queue_state(c.client, held) == ""
+    # squeue can show COMPLETING for a moment under load while the cancelled job's processes are reaped.
+    c.wait(lambda: queue_state(c.client, job) == "" and queue_state(c.client, held) == "", 30,
+           f"both jobs gone from squeue ({queue_state(c.client, job)!r}, {queue_state(c.client, held)!r})")
     assert c.scontrol(job)["JobState"] == "CANCELLED"  # slurmctld keeps it for MinJobAge, without "by"
     assert c.client.run(["scancel", job], check=False).returncode == 0  # cancelling an ended job is silent
 
@@ -218,6 +222,31 @@ def test_refusals_and_unknown_jobs(c):
 def test_sbatch_rejects_an_unknown_partition(c):
     result = c.client.run(["sbatch", "--parsable", "--partition", "nosuchpartition", "--wrap", "true"], check=False)
     assert result.returncode == 1 and "invalid partition specified: nosuchpartition" in result.stderr
+
+
+# --- sacct --json (what the watcher reads where it is faithful: hpc_agent/observe.py SacctSource) -----------
+def test_sacct_json_lists_what_text_lists_except_22_05_exit_codes(c):
+    job = running(c, "json")
+    c.order(job, "3")
+    c.wait_states(job, ["FAILED"])
+    name = c.unique_name("json")
+    # slurmdbd shows the placeholder name "allocation" until a moment after the job ends (hpc_agent/job_match.py)
+    c.wait(lambda: parse_sacct(c.client.sacct([job], fields=WATCH_FIELDS))[0].get("JobName") == name, 30,
+           "the job's own name in accounting")
+    text_rows = parse_sacct(c.client.sacct([job], fields=WATCH_FIELDS))
+    json_rows = parse_sacct_json(c.client.sacct([job], as_json=True))
+    seen = [(r.job_id, r.state, r.get("Submit"), r.get("Start"), r.get("End")) for r in json_rows]
+    assert seen == [(r.job_id, r.state, r.get("Submit"), r.get("Start"), r.get("End")) for r in text_rows]
+    assert json_rows[0].get("JobName") == text_rows[0].get("JobName") == name
+    assert [r.exit_code for r in text_rows if r.step in (None, "batch")] == ["3:0", "3:0"]
+    # Slurm 22.05's JSON drops a non-zero exit status (SUCCESS/0; the fake mirrors it, the reader leaves such a
+    # FAILED row's exit code empty): why the watcher reads text there.
+    assert [r.exit_code for r in json_rows if r.step in (None, "batch")] == ["", ""]
+    probe = c.client.sacct_probe()
+    assert json_verdict(probe.returncode, probe.stdout) == (
+        False, "Slurm 22.05's sacct --json drops exit codes: reading text (job names are checked against the "
+               "run's, see hpc_agent/job_match.py)")
+    assert parse_sacct_json(c.client.sacct([job], as_json=True))[0].base_id == job
 
 
 # --- preemption (started by the fixture, checked last) --------------------------------------------------

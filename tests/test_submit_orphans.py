@@ -141,3 +141,50 @@ def test_run_json_is_read_as_untrusted(tmp_path):
     (tmp_path / "run.json").symlink_to("/dev/zero")
     with pytest.raises(OSError, match="symbolic link"):
         submission.read_run_json(tmp_path)
+
+
+def test_the_submit_action_is_audited_with_who_and_why(tmp_path, executor):
+    import getpass
+
+    from hpc_agent.journal import Journal
+
+    assert run_submit(tmp_path) == 0
+    run, _ = the_run(tmp_path)
+    ((_, _, record),) = Journal(Ledger.in_runs_root(tmp_path)).audit_records(run.run_id)
+    assert record["action"] == "submit" and record["job_id"] == "4242" and record["result"] == "submitted"
+    assert record["by"]["process"] == "submit" and record["by"]["user"] == getpass.getuser()
+    assert "hpc_agent.submit" in record["reason"] and record["config_diff"] == {}
+
+
+class _Canary:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("content, state", [
+    ("success", "COMPLETED"),
+    ("error", "FAILED"),
+    ("canary", "FAILED"),  # a job-written pickle whose __reduce__ creates a file: read, never executed
+    ("torn", "FAILED"),
+    (None, "FAILED"),  # the job died before writing any result
+])
+def test_local_wait_reads_the_result_pickle_without_unpickling_it(tmp_path, content, state):
+    import pickle
+
+    from submitit.core.utils import JobPaths, cloudpickle_dump
+
+    paths, canary = JobPaths(tmp_path, job_id="77"), tmp_path / "canary"
+    paths.folder.mkdir(parents=True, exist_ok=True)
+    if content in ("success", "error"):
+        cloudpickle_dump((content, 0 if content == "success" else "Traceback ..."), paths.result_pickle)
+    elif content == "canary":
+        paths.result_pickle.write_bytes(pickle.dumps(_Canary(canary)))
+    elif content == "torn":
+        paths.result_pickle.write_bytes(pickle.dumps(("success", 0))[:-2])
+    job = SimpleNamespace(done=lambda: True, paths=paths,
+                          result=lambda: pytest.fail("job.result() unpickles a job-written file"))
+    assert submit._wait("local", job, "77", 5) == state
+    assert not canary.exists()

@@ -296,7 +296,12 @@ def test_a_pruned_trial_is_stopped_in_the_ledger_before_scancel(tmp_path):
     assert study.trials[0].user_attrs[A_PRUNED] == 300
     driver._tell(f, "pruned")
     assert study.trials[0].state == optuna.trial.TrialState.PRUNED
-    assert json.loads((tmp_path / "runs" / "s-t000" / "events.jsonl").read_text().splitlines()[-1])["action"] == "pruned"
+    trail = [json.loads(line) for line in (tmp_path / "runs" / "s-t000" / "events.jsonl").read_text().splitlines()]
+    # the submit, the pruning decision, then the cancel it caused: each action says who, what and why
+    assert [r["action"] for r in trail] == ["submit", "pruned", "cancel"]
+    cancel = trail[-1]
+    assert cancel["job_id"] == "900_0" and cancel["result"] == "cancelled" and "step 300" in cancel["reason"]
+    assert cancel["by"]["process"] == "sweep" and cancel["config_diff"] == {}
 
 
 # --- review -------------------------------------------------------------------------------------------

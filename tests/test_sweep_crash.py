@@ -245,3 +245,40 @@ def test_a_prune_cut_short_by_a_kill_is_finished_by_the_next_driver(tmp_path):
     assert study.trials[0].state == optuna.trial.TrialState.PRUNED
     again.poll()  # nothing left to do for it
     assert slurm.calls.count(["scancel", "900_0"]) == 1 and slurm.cancels == ["900_0"]
+
+
+class _Canary:
+    """A pickle that, once unpickled, creates a file: the proof that something executed it."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_restore_pickles_never_executes_a_planted_pickle_and_still_restores(tmp_path):
+    import os
+    import pickle
+
+    folder, canary = tmp_path / "slurm", tmp_path / "canary"
+    run_dir = tmp_path / "runs" / "s-t000"
+    genuine = _temp_pickle(folder, run_dir, "a" * 32 + ".pkl")
+    # Newer than the genuine one, named like submitit's temporary pickles, and naming the run dir (and
+    # even our classes): what a job that can write the folder could plant. Never executed, never chosen.
+    planted = {
+        "b" * 32 + ".pkl": pickle.dumps((_Canary(canary), str(run_dir), "hpc_agent.job", "TrainingJob")),
+        "c" * 32 + ".pkl": pickle.dumps((DelayedSubmission(TrainingJob(run_dir, run_dir / "config.yaml")),
+                                         _Canary(canary))),
+        "d" * 32 + ".pkl": pickle.dumps(_Canary(canary))[:-3],  # torn
+    }
+    for name, data in planted.items():
+        (folder / name).write_bytes(data)
+        os.utime(folder / name, (genuine.stat().st_mtime + 10, genuine.stat().st_mtime + 10))
+    (folder / ("e" * 32 + ".pkl")).symlink_to(folder / ("c" * 32 + ".pkl"))  # a link is never followed
+    assert restore_pickles(folder, {"91_0": run_dir}) == ["91_0"]
+    assert not canary.exists()
+    assert not genuine.exists() and all((folder / name).exists() for name in planted)
+    assert (folder / "91_0_submitted.pkl").read_bytes() != planted["c" * 32 + ".pkl"]
+    assert DelayedSubmission.load(folder / "91_0_submitted.pkl").function.run_dir == str(run_dir)  # the genuine one
+    assert not canary.exists()

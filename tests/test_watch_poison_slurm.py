@@ -158,7 +158,10 @@ def test_poisoned_run_is_parked_and_the_other_run_still_resumes(tmp_path):
         # B: expedited after the preemption, resumed in place, still followed.
         assert states(job_b)[:1] == ["REQUEUED"], states(job_b)
         assert _phase(root, dir_b.name) in ("running", "pending"), _phase(root, dir_b.name)
-        assert [e["action"] for e in events(dir_b) if e.get("action") == "expedite"] == ["expedite"]
+        # One decision to expedite, and one action record of it being carried out (who: the watcher).
+        expedites = [e for e in events(dir_b) if e.get("action") == "expedite"]
+        assert [bool(e.get("by")) for e in expedites] == [False, True], expedites
+        assert expedites[1]["by"]["process"] == "watcher" and expedites[1]["decided_in"] == expedites[0]["seq"]
         assert not [r for r in _audit(root, dir_b.name) if r.get("action") == "needs_attention"]
         assert ledger_job_ids(root, dir_b.name) == [job_b]
         # The preemption was followed after A was parked: one run's trouble did not stop the other.

@@ -68,12 +68,13 @@ def parse_schedule(data: Any) -> List[Fault]:
 
 def load_schedule_text(text: str) -> List[Fault]:
     """YAML or JSON text (JSON is YAML) -> faults."""
-    import yaml
+    from hpc_agent.config.problems import ConfigError
+    from hpc_agent.config.yaml_safe import parse_text
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScheduleError(f"not valid YAML/JSON: {exc}") from None
+    try:  # the configs' safe reader: no aliases (no bombs), no tags, bounded
+        data = parse_text(text, "schedule")
+    except ConfigError as exc:
+        raise ScheduleError(f"not valid YAML/JSON: {'; '.join(map(str, exc.problems))}") from None
     return parse_schedule(data)
 
 

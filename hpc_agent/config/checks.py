@@ -1,17 +1,12 @@
 """Small validation helpers shared by the config sections: each appends :class:`Problem` records."""
 from __future__ import annotations
 
-import re
 from typing import List, Optional
 
-from hpc_agent.config.problems import ConfigError, Problem, shell_unsafe_reason
+from hpc_agent.config.fields import MEM_RE, NAME_RE, TIME_RE, field_problem
+from hpc_agent.config.problems import ConfigError, Problem
 
-# Slurm accepts these --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
-# --mem: a number with an optional K/M/G/T suffix.
-MEM_RE = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
-# Names end up in directory names and job names: keep them boring.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+__all__ = ["MEM_RE", "NAME_RE", "TIME_RE", "check_positive", "check_choice", "check_shell_safe", "raise_if"]
 
 
 def check_positive(section: str, obj: object, names: List[str], problems: List[Problem]) -> None:
@@ -27,14 +22,23 @@ def check_choice(key: str, value: object, choices: tuple, problems: List[Problem
 
 
 def check_shell_safe(key: str, value: Optional[str], problems: List[Problem]) -> None:
-    """Values that reach an ``#SBATCH`` line or a shell line must not be able to inject code."""
+    """A value that reaches an ``#SBATCH`` line or a shell line must pass its field's allow-list
+    (``hpc_agent.config.fields``): a blacklist always misses one more metacharacter."""
     if value is None:
         return
-    reason = shell_unsafe_reason(str(value))
-    if reason:
-        problems.append(Problem(key, value, f"a value without {reason} (it would be written into the job script)"))
+    expected = field_problem(key, str(value))
+    if expected:
+        problems.append(Problem(key, value, expected))
 
 
 def raise_if(problems: List[Problem]) -> None:
-    if problems:
-        raise ConfigError(problems)
+    """Raise every problem, each (key, value) once: a value that fails its field's allow-list usually
+    fails the section's format check too, and the allow-list's message (first) names the character."""
+    seen, unique = set(), []
+    for problem in problems:
+        mark = (problem.key, repr(problem.value))
+        if mark not in seen:
+            seen.add(mark)
+            unique.append(problem)
+    if unique:
+        raise ConfigError(unique)

@@ -6,29 +6,34 @@ all problems are raised together in one :class:`ConfigError`.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import typing
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hpc_agent.config.env_origin import ORIGIN_KEY, carried_origins, escape_literals, metadata_problems, scan_layer
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import SECTIONS, Config
+from hpc_agent.config.yaml_safe import load_mapping, parse_text
 from hpc_agent.paths import configs_dir
 
 RUNS_ENV = "HPC_AGENT_RUNS"
-_SEXAGESIMAL = re.compile(r"^\d+(-\d+)?(:\d+)+$")
 
 
 def resolve_config_path(name: str) -> Path:
-    """A path as given, else ``configs/<name>`` or ``configs/<name>.yaml`` in the repo."""
-    candidates = [Path(name), configs_dir() / name, configs_dir() / f"{name}.yaml"]
+    """A path as given, else ``configs/<name>`` or ``configs/<name>.yaml`` in the repo. A path that exists
+    but is no regular file (a directory, a FIFO, a link loop) is returned for the reader to refuse by name."""
+    if "\0" not in name and os.path.lexists(name):
+        return Path(name)
+    candidates = [configs_dir() / name, configs_dir() / f"{name}.yaml"]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
@@ -44,6 +49,11 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
             yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
     else:
         yield prefix, node
+
+
+def _short(value: Any, limit: int = 200) -> Any:
+    """A value to echo back in a problem: long strings are cut (a hostile file can hold megabytes)."""
+    return value if not isinstance(value, str) or len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
 
 
 def _describe_type(tp: Any) -> str:
@@ -65,6 +75,8 @@ def _field_types(cls: type) -> Dict[str, Any]:
 def _key_problem(path: str, value: Any) -> Problem:
     """An unknown key: say which keys exist there and suggest the closest."""
     head, _, rest = path.partition(".")
+    if head in SECTIONS and not rest:  # ``train: [1, 2]``: the section itself is not a mapping
+        return Problem(head, _short(value), f"a mapping of {head}'s keys: {', '.join(_field_types(SECTIONS[head]))}")
     if head not in SECTIONS or not rest:
         choices = list(SECTIONS)
         where = "a top-level section"
@@ -75,14 +87,15 @@ def _key_problem(path: str, value: Any) -> Problem:
         name = rest.split(".")[0]
     close = difflib.get_close_matches(name, choices, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return Problem(path, value, f"{where}: {', '.join(choices)}{hint}")
+    shown = path if path.strip(". ") else f"{path!r} (an empty key)"
+    return Problem(_short(shown), _short(value), f"{where}: {', '.join(choices)}{hint}")
 
 
 def _type_problem(path: str, value: Any) -> Problem:
     head, _, rest = path.partition(".")
     name = rest.split(".")[0]
     tp = _field_types(SECTIONS[head]).get(name) if head in SECTIONS else None
-    return Problem(path, value, _describe_type(tp) if tp is not None else "a valid value")
+    return Problem(path, _short(value), _describe_type(tp) if tp is not None else "a valid value")
 
 
 def _is_known(path: str) -> bool:
@@ -108,45 +121,69 @@ def _apply_layer(cfg: DictConfig, layer: Mapping[str, Any], problems: List[Probl
             problems.append(_type_problem(path, value))
 
 
+_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+){0,7}$")
+
+
 def parse_overrides(overrides: Sequence[str], problems: List[Problem]) -> Dict[str, Any]:
-    """``key=value`` strings to a nested mapping (values parsed as YAML, as OmegaConf does)."""
-    good = []
+    """``key=value`` strings to a nested mapping; each value is read as YAML by the same safe reader as files."""
+    out: Dict[str, Any] = {}
     for item in overrides:
-        if "=" not in item or item.startswith("="):
-            problems.append(Problem("override", item, "key=value, e.g. train.lr=1e-3"))
-        else:
-            key, _, value = item.partition("=")
-            # YAML 1.1 reads 1:30 as the base-60 integer 90; a Slurm time like that must stay a string.
-            if _SEXAGESIMAL.match(value):
-                item = f"{key}='{value}'"
-            good.append(item)
-    try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist(good))  # type: ignore[return-value]
-    except OmegaConfBaseException as exc:
-        problems.append(Problem("override", " ".join(good), f"valid key=value overrides ({exc.__class__.__name__})"))
-        return {}
+        key, sep, text = item.partition("=")
+        if not sep or not _OVERRIDE_KEY.match(key):
+            problems.append(Problem("override", _short(item), "key=value with a dotted key, e.g. train.lr=1e-3"))
+            continue
+        try:
+            value = parse_text(text, f"override {key}=") if text.strip() else None
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        node = out
+        *head, last = key.split(".")
+        for part in head:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = value
+    return out
 
 
 def _read_yaml(path: Path, problems: List[Problem]) -> Dict[str, Any]:
     try:
-        data = OmegaConf.to_container(OmegaConf.load(path))
-    except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
-        problems.append(Problem(str(path), "<file>", f"a readable YAML mapping ({exc})"))
+        return load_mapping(path, "a YAML mapping with sections " + ", ".join(SECTIONS))
+    except ConfigError as exc:
+        problems.extend(exc.problems)
         return {}
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        problems.append(Problem(str(path), type(data).__name__, "a YAML mapping with sections run, slurm, train, watch"))
-        return {}
-    return data
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults() -> DictConfig:
+    """The schema defaults as a DictConfig, built once: copying it is 4x cheaper than building it."""
+    return OmegaConf.structured(Config)
+
+
+def _allowed_in_metadata(cfg: DictConfig) -> List[str]:
+    try:
+        return [str(x) for x in OmegaConf.to_container(cfg.slurm.env_in_metadata, resolve=False) or []]
+    except (OmegaConfBaseException, TypeError):
+        return []
 
 
 def build_config(layers: Sequence[Mapping[str, Any]], problems: Optional[List[Problem]] = None) -> Config:
     """Merge plain-dict layers onto the defaults and validate everything, raising all problems at once."""
     problems = [] if problems is None else problems
-    cfg = OmegaConf.structured(Config)
+    cfg = copy.deepcopy(_defaults())
+    fresh: Dict[str, List[str]] = {}     # keys read from the environment in this load: checked
+    carried: Dict[str, List[str]] = {}   # keys a snapshot says were: already allowed at submit
     for layer in layers:
-        _apply_layer(cfg, layer, problems)
+        layer = dict(layer)
+        record = carried_origins(layer.pop(ORIGIN_KEY, None), "", problems)
+        clean, origins, paths = scan_layer(layer, _is_known, problems)
+        for path in paths:  # a later literal value replaces an earlier one from the environment
+            fresh.pop(path, None)
+            carried.pop(path, None)
+        carried.update(record)  # a snapshot's own record describes the literal values next to it
+        fresh.update(origins)
+        _apply_layer(cfg, clean, problems)
     sections: Dict[str, Any] = {}
     for name in SECTIONS:
         try:
@@ -158,9 +195,18 @@ def build_config(layers: Sequence[Mapping[str, Any]], problems: Optional[List[Pr
     # Cross-section checks read attributes only, so they run on the merged DictConfig even when a
     # section failed its own checks: the user still sees every problem in one go.
     problems.extend(Config.problems(cfg))  # type: ignore[arg-type]
+    problems.extend(metadata_problems(fresh, _allowed_in_metadata(cfg), _is_known))
     if not problems:
-        return Config(**sections)
-    raise ConfigError(problems)
+        return Config(**sections, env_origin={**carried, **fresh})
+    raise ConfigError(_capped(problems))
+
+
+def _capped(problems: List[Problem], limit: int = 50) -> List[Problem]:
+    """At most ``limit`` problems: a hostile file can produce thousands, and the first ones say enough."""
+    if len(problems) <= limit:
+        return problems
+    return problems[:limit] + [Problem("<config>", f"{len(problems) - limit} more problems",
+                                       "fix the ones above first")]
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *, env: Mapping[str, str] = os.environ,
@@ -174,7 +220,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *, env: 
         problems.extend(exc.problems)
         file_path = None
     base = configs_dir() / "base.yaml"
-    if with_base and base.is_file() and (file_path is None or file_path.resolve() != base.resolve()):
+    if with_base and base.is_file() and (file_path is None or _same_file(file_path, base)):
         layers.append(_read_yaml(base, problems))
     if file_path is not None:
         layers.append(_read_yaml(file_path, problems))
@@ -184,26 +230,34 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *, env: 
     return build_config(layers, problems)
 
 
+def _same_file(path: Path, base: Path) -> bool:
+    """False when ``path`` is the base config itself (so it is not applied twice)."""
+    try:
+        return path.resolve() != base.resolve()
+    except (OSError, RuntimeError):  # a link loop: the reader will say so
+        return True
+
+
 def load_snapshot(path: str | os.PathLike) -> Config:
     """Load a run's resolved ``config.yaml`` as written by submit: no base layer, no environment."""
-    return load_config(path, with_base=False, env={})
+    problems: List[Problem] = []
+    return build_config([_read_yaml(Path(path), problems)], problems)
 
 
 def load_snapshot_text(text: str, source: str = "config.yaml") -> Config:
     """A snapshot from its text (already read, bounded, by ``rundir``): invalid YAML is a ConfigError."""
-    problems: List[Problem] = []
-    try:
-        data = OmegaConf.to_container(OmegaConf.create(text)) if text.strip() else {}
-    except (OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
-        raise ConfigError([Problem(source, "<file>", f"a readable YAML mapping ({exc})")]) from None
+    data = parse_text(text, source)
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError([Problem(source, type(data).__name__, "a YAML mapping with sections run, slurm, train, watch")])
-    return build_config([data], problems)
+    return build_config([data])
 
 
 def to_yaml(config: Config) -> str:
-    """The resolved config as YAML: the snapshot written into the run directory."""
-    return OmegaConf.to_yaml(OmegaConf.structured(config))
+    """The resolved config as YAML: the snapshot written into the run directory. Every ``${`` in a value
+    is escaped, so reading the snapshot back gives the same values and never reads the environment."""
+    return OmegaConf.to_yaml(OmegaConf.create(escape_literals(dataclasses.asdict(config))))
 
 
 def to_dict(config: Config) -> Dict[str, Any]:

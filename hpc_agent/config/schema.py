@@ -39,6 +39,11 @@ class RunConfig:
     """Directory that holds all run directories and the ledger. The environment variable
     ``HPC_AGENT_RUNS`` overrides the YAML value; a ``run.runs_root=...`` CLI override beats both."""
 
+    group_readable: bool = False
+    """Let your group read this run: its directory is created 0750 and its files 0640 instead of 0700 and
+    0600 (others never get access). A runs root that submit creates gets the same mode, and the ledger
+    follows the runs root's mode: group-readable only in a root shared with the group alone (0750/0770)."""
+
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
         if not NAME_RE.match(str(self.name)):
@@ -108,6 +113,13 @@ class SlurmConfig:
     extra_sbatch: Dict[str, Optional[str]] = field(default_factory=dict)
     """Further sbatch options as ``{option: value}``, e.g. ``{mail-type: END}``. An empty value makes a
     bare flag (``--option``), as does null."""
+
+    env_in_metadata: List[str] = field(default_factory=list)
+    """Keys that may take a value from the environment (``${oc.env:NAME}``) although it reaches Slurm's
+    metadata, e.g. ``[account]``. Without this, such a value is refused: ``#SBATCH`` options, the job name
+    and the log paths (from ``run.runs_root``) are readable by every user of the cluster (``squeue``,
+    ``sacct``). Names are ``slurm.`` keys (``account``, ``extra_sbatch.comment``) or ``run.name`` /
+    ``run.runs_root``."""
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
@@ -293,6 +305,10 @@ class Config:
 
     watch: WatchConfig = field(default_factory=WatchConfig)
     """Watcher settings."""
+
+    env_origin: Dict[str, List[str]] = field(default_factory=dict)
+    """Written by the loader, not by you: which keys took their value from ``${oc.env:NAME}`` at submit and
+    from which variables (names only, never values). Kept in the run's config snapshot."""
 
     def problems(self) -> List[Problem]:
         """Checks that span sections (each section has already checked itself)."""

@@ -112,10 +112,10 @@ def _state_findings(attempt: Attempt) -> List[Finding]:
     if cause is not None:
         out.append(Finding(cause, KILL if cause != Cause.HOST_OOM else FAULT, "sacct", None, None,
                            f"state {attempt.state} (exit {attempt.exit_code})"))
-    oom_steps = [s for s in attempt.steps if s.state == "OUT_OF_MEMORY"]
-    if oom_steps and cause != Cause.HOST_OOM:
+    oom_step = attempt.oom_step
+    if oom_step is not None and cause != Cause.HOST_OOM:
         out.append(Finding(Cause.HOST_OOM, FAULT, "sacct", None, None,
-                           f"step {oom_steps[0].job_id} OUT_OF_MEMORY (exit {oom_steps[0].exit_code})"))
+                           f"step {oom_step.job_id} OUT_OF_MEMORY (exit {oom_step.exit_code})"))
     return out
 
 

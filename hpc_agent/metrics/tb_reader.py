@@ -9,11 +9,16 @@ Our training job writes one event file per attempt into ``<run_dir>/tb/`` (suffi
 with ``purge_step``: its first record is a SessionLog START at S+1, on which TensorBoard drops whatever
 older files logged at steps >= S+1 (see ``launch/tblog.py``). ``series()`` applies the same rule, and
 where attempts still overlap the newest file wins, so each step has exactly one point.
+
+The job writes ``tb/``, so a link there (to a file or folder, or ``tb/`` itself) is never followed out of
+the run directory: it is skipped and named in :meth:`RunScalars.problems`.
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -53,7 +58,7 @@ class _FileState:
 
         self.path = path
         self.name = path.name
-        st = os.stat(path)
+        st = os.lstat(path)
         self.ino = (st.st_dev, st.st_ino)
         self.size_seen = -1
         self.corrupt: Optional[str] = None
@@ -80,6 +85,8 @@ class RunScalars:
         self.bytes_read = 0
         """Bytes of complete records read by all ``update()`` calls together (for tests and benchmarks)."""
         self.records_read = 0
+        self.skipped: Dict[str, str] = {}
+        """Links met under ``tb_dir`` (path -> why not read): never followed (see :meth:`problems`)."""
 
     # --- reading ------------------------------------------------------------------------------------
     def update(self) -> int:
@@ -87,10 +94,12 @@ class RunScalars:
 
         New files are picked up. A file that shrank below what was already read, or was replaced by another
         file (new inode), is read again from its start and its old points are dropped."""
+        if self.tb_dir.is_symlink():  # a job-planted link to elsewhere: not the run's events
+            self.skipped[str(self.tb_dir)] = f"{self.tb_dir} is a symbolic link; not following it out of the run directory"
+            return 0
         if not self.tb_dir.is_dir():
             return 0
-        paths = sorted((p for p in self.tb_dir.rglob(EVENT_GLOB) if p.is_file()),
-                       key=lambda p: file_order_key(p.name))
+        paths = sorted(self._event_files(self.tb_dir), key=lambda p: file_order_key(p.name))
         present = {str(p) for p in paths}
         changed = False
         for key in [k for k in self._files if k not in present]:  # deleted: forget its points
@@ -100,8 +109,10 @@ class RunScalars:
         for path in paths:
             key = str(path)
             try:
-                st = os.stat(path)
+                st = os.lstat(path)
             except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):  # became a link (or other) since the walk: not read
                 continue
             state = self._files.get(key)
             if state is not None and ((st.st_dev, st.st_ino) != state.ino or st.st_size < state.offset):
@@ -131,6 +142,25 @@ class RunScalars:
         if changed:
             self._series_cache.clear()
         return new_points
+
+    def _event_files(self, folder: Path) -> List[Path]:
+        """Regular event files under ``folder``, walked without following a link: a symbolic link (to a
+        file or a folder) is skipped and noted in :meth:`problems`, since it can point out of the run dir."""
+        found: List[Path] = []
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return found
+        for entry in entries:
+            if entry.is_symlink():
+                if entry.is_dir() or fnmatch.fnmatch(entry.name, EVENT_GLOB):
+                    self.skipped[entry.path] = (f"{entry.name} is a symbolic link; not following it out of the "
+                                                "run directory")
+            elif entry.is_dir(follow_symlinks=False):
+                found += self._event_files(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False) and fnmatch.fnmatch(entry.name, EVENT_GLOB):
+                found.append(Path(entry.path))
+        return found
 
     def _read_new(self, state: _FileState) -> int:
         from tensorboard.compat.proto import event_pb2
@@ -181,7 +211,7 @@ class RunScalars:
         """The event files that stopped being read, and why (shown in the audit trail, never raised). Bytes
         after the last complete record count too: for an ended job that is a torn or corrupt tail (while a
         job still writes, it can be a record half written)."""
-        out = []
+        out = [self.skipped[key] for key in sorted(self.skipped)]
         for s in self._ordered_files():
             if s.corrupt:
                 out.append(s.corrupt)

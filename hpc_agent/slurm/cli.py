@@ -58,12 +58,28 @@ class SlurmCLI:
             raise SlurmError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return result
 
-    def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = SACCT_FIELDS, all_attempts: bool = True) -> str:
-        """One batched ``sacct --parsable2`` call for all ``job_ids`` (never one call per job)."""
+    def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = SACCT_FIELDS, all_attempts: bool = True,
+              as_json: bool = False) -> str:
+        """One batched ``sacct --parsable2`` call for all ``job_ids`` (never one call per job); with
+        ``as_json``, ``sacct --json`` (every field: ``fields`` does not apply)."""
         ids: List[str] = [str(j) for j in job_ids]
         if not ids:
             return ""
-        argv = ["sacct", "--parsable2", "--format", ",".join(fields), "--jobs", ",".join(ids)]
+        argv = sacct_argv(ids, fields, as_json)
         if all_attempts:
             argv.insert(1, "--duplicates")  # -D: every attempt of a requeued job, not only the last
         return self.run(argv).stdout
+
+    def sacct_probe(self) -> Result:
+        """The one ``sacct --json`` probe of a watcher (hpc_agent.observe.SacctSource)."""
+        return self.run(JSON_PROBE, check=False)
+
+
+JSON_PROBE = ["sacct", "--json", "--jobs", "1", "--starttime", "now"]
+"""Asks accounting for nothing in JSON: answers whether ``--json`` works here, and the Slurm version."""
+
+
+def sacct_argv(ids: Sequence[str], fields: Sequence[str], as_json: bool) -> List[str]:
+    if as_json:
+        return ["sacct", "--json", "--jobs", ",".join(ids)]
+    return ["sacct", "--parsable2", "--format", ",".join(fields), "--jobs", ",".join(ids)]

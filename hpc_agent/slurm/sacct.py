@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from hpc_agent.slurm.hostlist import expand_hostlist
+
 # The format diagnose asks for (hpc_agent.slurm.cli.SlurmCLI.sacct(fields=...)).
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
 # The watcher's: no Elapsed, which nothing reads and which changes every second for a running job, so a
-# running job's lines stay the same from tick to tick and its parse is reused (``AttemptCache``).
-WATCH_FIELDS = tuple(f for f in SACCT_FIELDS if f != "Elapsed")
+# running job's lines stay the same from tick to tick and its parse is reused (``attempt_cache.AttemptCache``). Submit
+# (fixed per attempt) tells an older job that had the same id from the run's own (hpc_agent/job_match.py).
+WATCH_FIELDS = tuple(f for f in SACCT_FIELDS if f != "Elapsed") + ("Submit",)
 
 STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "COMPLETING", "CONFIGURING", "DEADLINE", "FAILED",
           "NODE_FAIL", "OUT_OF_MEMORY", "PENDING", "PREEMPTED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
@@ -51,7 +54,7 @@ _EXIT_CODE_RE = re.compile(r"^\s*(\d+):(\d+)\s*$")
 
 def parse_parsable2(text: str) -> List[Dict[str, str]]:
     """Rows of ``sacct --parsable2`` output as dicts keyed by the header line's field names."""
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [line for line in text_lines(text) if line.strip()]
     if not lines:
         return []
     header = lines[0].split("|")
@@ -94,35 +97,6 @@ def parse_exit_code(raw: str) -> Tuple[Optional[int], Optional[int]]:
     return (int(match.group(1)), int(match.group(2))) if match else (None, None)
 
 
-def expand_hostlist(text: str) -> List[str]:
-    """``"node[1-3,7],gpu-a01"`` -> ``["node1", "node2", "node3", "node7", "gpu-a01"]`` (zero padding kept)."""
-    text = (text or "").strip()
-    if not text or text in ("None assigned", "(null)", "Unknown"):
-        return []
-    hosts: List[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
-        hosts.extend(_expand_one(item.strip()))
-    return [h for h in hosts if h]
-
-
-def _expand_one(name: str) -> List[str]:
-    match = re.search(r"\[([^\]]*)\]", name)
-    if not match:
-        return [name]
-    head, tail = name[:match.start()], name[match.end():]
-    out = []
-    for part in match.group(1).split(","):
-        lo, _, hi = part.partition("-")
-        if hi and lo.isdigit() and hi.isdigit():
-            width = len(lo)
-            numbers = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
-        else:
-            numbers = [part]
-        for number in numbers:
-            out.extend(_expand_one(f"{head}{number}{tail}"))
-    return out
-
-
 @dataclass(frozen=True)
 class SacctRow:
     """One line of sacct output (an allocation or a step)."""
@@ -163,30 +137,70 @@ class SacctRow:
         return expand_hostlist(self.get("NodeList"))
 
 
+class SacctFormatError(ValueError):
+    """Text that is not sacct output in any format the reader knows; the message says what to change."""
+
+
+FIELD_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+def text_lines(text: str) -> List[str]:
+    """Lines split at ``\\n`` only, a trailing ``\\r`` dropped (CRLF). Not ``str.splitlines``: that also splits
+    at ``\\x0b``, ``\\x1c``, ``\\x85``, ``\\u2028``... which a job name may contain."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
+def is_header(values: Sequence[str]) -> bool:
+    """Is this ``|``-split line a sacct header? Every field a field name (a row always has a job id,
+    which starts with a digit), JobID and State among them."""
+    names = list(values[:-1]) if values and values[-1] == "" else list(values)
+    return ("JobID" in names and "State" in names
+            and all(FIELD_NAME_RE.match(name) for name in names))
+
+
+def header_fields(values: Sequence[str]) -> Tuple[List[str], bool]:
+    """(field names, is ``--parsable``): with ``-p`` (not ``-P``) every line, the header too, ends with a
+    ``|``. Decided here, from the header, never from a row: a row's empty last field (an empty Comment)
+    looks just like that trailing ``|``."""
+    if values and values[-1] == "":
+        return list(values[:-1]), True
+    return list(values), False
+
+
+def pipe_row(header: Sequence[str], trailing_bar: bool, line: str) -> Optional[SacctRow]:
+    """One ``-P``/``-p`` data line under ``header`` as a row; None when it is not one (wrong field count
+    that a '|' in the job name cannot explain, or no job id)."""
+    values = line.split("|")
+    if trailing_bar and len(values) > 1 and values[-1] == "":
+        values = values[:-1]
+    values = _rejoin_job_name(header, values)
+    if len(values) != len(header):
+        return None
+    return row_from_fields(dict(zip(header, values)))
+
+
 def parse_sacct(text: str) -> List[SacctRow]:
     """All recognisable rows of ``sacct --parsable2`` (or ``--parsable``) text, in order.
 
     Text without a header naming JobID and State (an error message, an empty reply, garbage) gives
     ``[]``: to the caller that means *unknown*, never *gone*. Rows whose JobID is not a job id are
-    skipped; a header repeated later (outputs concatenated) starts a new section.
+    skipped; a header repeated later (outputs concatenated) starts a new section. Lenient by design (the
+    watcher's own format); :func:`hpc_agent.slurm.sacct_read.read_sacct_text` reads every format and says
+    when text is none of them.
     """
     header: Optional[List[str]] = None
+    trailing_bar = False
     rows: List[SacctRow] = []
-    for line in text.splitlines():
+    for line in text_lines(text):
         if not line.strip():
             continue
-        values = line.rstrip("\n").split("|")
-        if values and values[-1] == "" and line.endswith("|"):
-            values = values[:-1]  # --parsable (not 2) ends every line with a '|'
-        if "JobID" in values and "State" in values:
-            header = values
+        values = line.split("|")
+        if is_header(values):
+            header, trailing_bar = header_fields(values)
             continue
         if header is None:
             continue
-        values = _rejoin_job_name(header, values)
-        if len(values) != len(header):
-            continue
-        row = _make_row(dict(zip(header, values)))
+        row = pipe_row(header, trailing_bar, line)
         if row is not None:
             rows.append(row)
     return rows
@@ -194,27 +208,45 @@ def parse_sacct(text: str) -> List[SacctRow]:
 
 def has_sacct_header(text: str) -> bool:
     """Does ``text`` contain a sacct header line (even with no rows: the job is simply not known yet)?"""
-    return any("JobID" in line.split("|") and "State" in line.split("|") for line in text.splitlines())
+    return any(is_header(line.split("|")) for line in text_lines(text))
 
 
-def _rejoin_job_name(header: List[str], values: List[str]) -> List[str]:
+def _rejoin_job_name(header: Sequence[str], values: List[str]) -> List[str]:
     """sacct does not escape '|' inside a job name; give the extra pieces back to JobName."""
     extra = len(values) - len(header)
     if extra > 0 and "JobName" in header:
-        i = header.index("JobName")
+        i = list(header).index("JobName")
         return values[:i] + ["|".join(values[i:i + extra + 1])] + values[i + extra + 1:]
     return values
 
 
-def _make_row(cols: Dict[str, str]) -> Optional[SacctRow]:
+# Step names as fixed-width output truncates them (``12345.bat+``): completed when unambiguous.
+_STEP_NAMES = ("batch", "extern", "interactive")
+
+
+def _complete_step(step: Optional[str]) -> Optional[str]:
+    if step and step.endswith("+"):
+        candidates = [s for s in _STEP_NAMES if s.startswith(step[:-1])]
+        if len(candidates) == 1:
+            return candidates[0]
+    return step
+
+
+def row_from_fields(cols: Mapping[str, str]) -> Optional[SacctRow]:
+    """A row from its columns by field name (any format's reader ends here); None without a job id."""
+    cols = dict(cols)
     match = _JOBID_RE.match(cols.get("JobID", "").strip())
     if not match:
         return None
     state, by = normalize_state(cols.get("State", ""))
     status, signal = parse_exit_code(cols.get("ExitCode", ""))
     het = match.group("het")
-    return SacctRow(job_id=cols["JobID"].strip(), base_id=match.group("base"), array_task=match.group("task"),
-                    het_offset=int(het) if het is not None else None, step=match.group("step"),
+    step = _complete_step(match.group("step"))
+    job_id = cols["JobID"].strip()
+    if step != match.group("step"):
+        job_id = job_id[:len(job_id) - len(match.group("step"))] + str(step)
+    return SacctRow(job_id=job_id, base_id=match.group("base"), array_task=match.group("task"),
+                    het_offset=int(het) if het is not None else None, step=step,
                     state=state, cancelled_by=by, exit_status=status, signal=signal, fields=cols)
 
 
@@ -240,6 +272,13 @@ class Attempt:
     @property
     def state(self) -> str:
         return self.primary.state if self.primary else ""
+
+    @property
+    def oom_step(self) -> Optional[SacctRow]:
+        """The first step the cgroup OOM killer ended (``12.batch``/``12.0`` OUT_OF_MEMORY 0:125). It says
+        *host OOM* even when the allocation row reads ``FAILED 1:0`` (the batch script exited 1 after
+        its srun step was killed)."""
+        return next((s for s in self.steps if s.state == "OUT_OF_MEMORY"), None)
 
     @property
     def cancelled_by(self) -> Optional[str]:
@@ -285,7 +324,9 @@ def group_attempts(rows: Iterable[SacctRow]) -> Dict[str, List[Attempt]]:
 
     An allocation row starts a new attempt of its job, except the components ``+1``, ``+2``... of a
     heterogeneous job, which join the attempt their ``+0`` row started. A step row belongs to the
-    newest attempt of its job seen so far (sacct prints an attempt's steps right after it).
+    newest attempt of its job seen so far (sacct prints an attempt's steps right after it); steps seen
+    before any allocation row of their job (a hand-sorted paste) wait for it, so that its first
+    allocation row still reads them (a step's OUT_OF_MEMORY decides the cause).
     """
     jobs: Dict[str, List[Attempt]] = {}
     for row in rows:
@@ -293,7 +334,8 @@ def group_attempts(rows: Iterable[SacctRow]) -> Dict[str, List[Attempt]]:
         if row.step is None:
             joins_het = row.het_offset not in (None, 0) and attempts and any(
                 a.het_offset is not None for a in attempts[-1].allocations)
-            if joins_het:
+            adopts_steps = attempts and not attempts[-1].allocations  # steps printed before their allocation
+            if joins_het or adopts_steps:
                 attempts[-1] = attempts[-1].with_allocation(row)
             else:
                 attempts.append(Attempt(row.job_key, len(attempts), (row,)))
@@ -302,65 +344,6 @@ def group_attempts(rows: Iterable[SacctRow]) -> Dict[str, List[Attempt]]:
         else:  # a step whose allocation row sacct did not print: keep it, its state still counts
             attempts.append(Attempt(row.job_key, 0, (), (row,)))
     return jobs
-
-
-def split_by_job(text: str) -> Optional[Tuple[str, Dict[str, List[str]]]]:
-    """``(header, {job key: its lines})`` for a batched sacct reply with one header, cheaply (no row is
-    parsed): what lets a watcher re-parse only the jobs whose lines changed since its last tick. None when
-    the text has no header, or more than one (then parse it whole)."""
-    header = None
-    by_job: Dict[str, List[str]] = {}
-    current, lines = "", []  # sacct prints a job's rows together: group consecutive lines
-    for line in text.splitlines():
-        head = line.split("|", 1)[0]
-        base = head.split(".", 1)[0]
-        if not base.isdigit():  # not the common 123 / 123.batch: a header, a blank line, or an odd id
-            if not line.strip():
-                continue
-            fields = line.split("|")
-            if "JobID" in fields and "State" in fields:
-                if header is not None:
-                    return None
-                header = line
-                continue
-            base = job_key_of(head)
-        if header is None:
-            continue
-        if base != current:
-            current, lines = base, by_job.setdefault(base, [])
-        lines.append(line)
-    return None if header is None else (header, by_job)
-
-
-class AttemptCache:
-    """:func:`group_attempts` of a batched sacct reply, re-parsing only the jobs whose lines changed since
-    the previous reply (a tick following thousands of running jobs parses almost nothing). The attempts of
-    an unchanged job are the very same objects as last time, which also tells the caller nothing changed."""
-
-    def __init__(self) -> None:
-        self._jobs: Dict[str, Tuple[List[str], List[Attempt]]] = {}
-        self._header = ""
-
-    def attempts(self, text: str) -> Dict[str, List[Attempt]]:
-        split = split_by_job(text)
-        if split is None:
-            self._jobs = {}
-            return group_attempts(parse_sacct(text))
-        header, by_job = split
-        if header != self._header:
-            self._jobs, self._header = {}, header
-        out: Dict[str, List[Attempt]] = {}
-        jobs: Dict[str, Tuple[List[str], List[Attempt]]] = {}
-        for key, lines in by_job.items():
-            known = self._jobs.get(key)
-            if known is None or known[0] != lines:
-                parsed = group_attempts(parse_sacct(header + "\n" + "\n".join(lines)))
-                known = (lines, parsed.get(key, []))
-            jobs[key] = known
-            if known[1]:
-                out[key] = known[1]
-        self._jobs = jobs
-        return out
 
 
 def job_key_of(job_id: str) -> str:

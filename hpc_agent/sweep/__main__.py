@@ -5,6 +5,12 @@ as Slurm job arrays (at most K running) and followed through their TensorBoard l
 Hyperband pruner stops hopeless ones (scancel; recorded as pruned). The study lives in Optuna storage:
 ``<runs root>/sweeps/<name>/study.db`` by default, or the sweep file's ``storage:`` URL. Running the same
 command again resumes the study; trials still running are adopted, none is asked twice.
+
+Kill switch: ``python -m hpc_agent.watch --pause`` on the runs root (or ``--pause`` here, the same switch for
+the runs root the config names) stops the watcher and this driver: the driver checks it at every poll and
+right before every submission, release and cancel, and exits 5 with its state kept; after ``--resume`` the
+same command continues. Exit codes: 0 done (or stopped by a signal), 2 bad config or not a runs root,
+3 Slurm error, 4 another driver runs this sweep, 5 paused.
 """
 from __future__ import annotations
 
@@ -15,14 +21,14 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import rundir
+from hpc_agent import killswitch, rundir
 from hpc_agent.config.load import load_config, to_yaml
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.extras import MissingExtra, require
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.sweep.spec import SweepSpec, parse_spec, trial_overrides, trial_run_id
 
-EXIT_OK, EXIT_CONFIG, EXIT_SLURM, EXIT_LOCKED = 0, 2, 3, 4
+EXIT_OK, EXIT_CONFIG, EXIT_SLURM, EXIT_LOCKED, EXIT_PAUSED = 0, 2, 3, 4, 5
 SWEEPS_DIR = "sweeps"
 FEATURE = "python -m hpc_agent.sweep"
 
@@ -38,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hyperparameter sweep: random start-up trials, then TPE, with pruning; trials run as "
                     "Slurm job arrays and are followed (and repaired) by the watcher like any run.",
         epilog="Example: python -m hpc_agent.sweep quickstart configs/sweep_classifier.yaml --trials 8 --parallel 2\n"
-               "Keep python -m hpc_agent.watch running on the same runs root: it requeues preempted trials.")
+               "Keep python -m hpc_agent.watch running on the same runs root: it requeues preempted trials.\n"
+               "Exit codes: 0 done or stopped, 2 invalid config or not a runs root, 3 Slurm error, "
+               "4 another driver runs this sweep, 5 paused (the kill switch; run again after --resume).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="training config: a path or a name in configs/ (e.g. quickstart)")
     parser.add_argument("sweep", help="sweep file (YAML): objective, params, trials, parallel, pruner")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="fixed config overrides for every trial")
@@ -48,19 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls (default 2)")
     parser.add_argument("--dry-run", action="store_true", help="validate, print the space and one sample trial's "
                                                                 "config; create and submit nothing")
+    switch = parser.add_mutually_exclusive_group()
+    switch.add_argument("--pause", action="store_true", help="kill switch for the config's runs root (the same as "
+                                                             "python -m hpc_agent.watch --pause): then exit")
+    switch.add_argument("--resume", action="store_true", help="lift --pause, then exit")
     return parser
 
 
 def load_spec(path: str, trials: Optional[int], parallel: Optional[int], storage: Optional[str]) -> SweepSpec:
-    from omegaconf import OmegaConf
+    from hpc_agent.config.yaml_safe import load_file
 
     file = Path(path)
     if not file.is_file():
         raise ConfigError([Problem("SWEEP", path, "an existing sweep YAML file")])
-    try:
-        data = OmegaConf.to_container(OmegaConf.load(file))
-    except Exception as exc:  # noqa: BLE001 - a YAML syntax error is a user mistake, not a crash
-        raise ConfigError([Problem("SWEEP", path, f"valid YAML ({exc})")]) from None
+    data = load_file(file)  # the configs' safe reader: bounded, no aliases/tags; errors name file:line:column
     spec = parse_spec(data, default_name=file.stem)
     problems = [Problem(f"--{n}", v, "1 or more") for n, v in (("trials", trials), ("parallel", parallel))
                 if v is not None and v < 1]
@@ -122,6 +132,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         base = load_config(args.config, args.overrides)
         runs_root = Path(base.run.runs_root).expanduser().resolve()
         sweep_dir = runs_root / SWEEPS_DIR / spec.name
+        if args.pause or args.resume:
+            return killswitch.switch(runs_root, pause=args.pause)
         if args.dry_run:
             return dry_run(spec, args, runs_root, sweep_dir)
     except ConfigError as exc:
@@ -132,11 +144,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("sbatch is not on PATH: sweeps run their trials on Slurm.", file=sys.stderr)
         return EXIT_SLURM
 
+    from hpc_agent.filemodes import make_dir
     from hpc_agent.fsutil import atomic_write_json, hold_lock
     from hpc_agent.ledger import Ledger
     from hpc_agent.sweep.driver import SweepDriver
 
-    rundir.slurm_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
+    make_dir(rundir.slurm_dir(sweep_dir))  # 0700 (0750 in a group-shared runs root), whatever the umask
     lock = hold_lock(sweep_dir / "driver.lock")  # one driver per sweep: two would ask twice as many trials
     if lock is None:
         print(f"another sweep driver runs on {sweep_dir} (driver.lock is held)", file=sys.stderr)
@@ -161,6 +174,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                f"{spec.parallel} at once")
     try:
         driver.run(poll_s=args.poll, stop=lambda: stop["now"])
+    except killswitch.Paused as exc:
+        print(f"{exc}. Trials already in Slurm keep running; nothing was half-done. To continue: "
+              f"python -m hpc_agent.watch --resume --runs-root {runs_root}, then run this command again.",
+              file=sys.stderr)
+        return EXIT_PAUSED
     except SlurmError as exc:
         print(f"Slurm error: {exc}", file=sys.stderr)
         return EXIT_SLURM

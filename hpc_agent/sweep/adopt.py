@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
-from hpc_agent import rundir
+from hpc_agent import audit, rundir
+from hpc_agent.journal import Journal
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.sweep.batch import (TrialJob, find_array, held_arrays, register_trial, release_array, restore_pickles,
                                    task_job_id)
@@ -76,6 +77,7 @@ def adopt(driver: "SweepDriver") -> None:
     if not reached:
         return
     # The array is held (batch.py): every task's pickle in place first, then release, then register.
+    driver.halt_if_paused(f"releasing the held array task(s) {[job_id for _, _, job_id in reached]}")
     restored = restore_pickles(rundir.slurm_dir(driver.sweep_dir), {job_id: Path(f.user_attrs[A_RUN_DIR])
                                                                     for _, f, job_id in reached})
     release_array(driver.slurm, [job_id for _, _, job_id in reached])
@@ -119,13 +121,25 @@ def settle_held(driver: "SweepDriver", adopting: Sequence[str] = ()) -> None:
         if job_id in adopting:
             continue
         if job_id in owned:
+            driver.halt_if_paused(f"releasing held job {job_id}")
             result = driver.slurm.run(["scontrol", "release", job_id], check=False)
             verb, why = "released", f"it runs trial {owned[job_id]} of the study"
         else:
+            driver.halt_if_paused(f"cancelling held job {job_id}")
             result = driver.slurm.run(["scancel", job_id], check=False)
             verb, why = "cancelled", "no running trial of the study records it"
-        if getattr(result, "returncode", 0) != 0:
-            driver.say(f"held job {job_id} (batch {batch}): {why}, but it could not be {verb}: "
-                       f"{(getattr(result, 'stderr', '') or '').strip()}")
+        failed = (getattr(result, "stderr", "") or "").strip() if getattr(result, "returncode", 0) != 0 else None
+        if failed is not None:
+            driver.say(f"held job {job_id} (batch {batch}): {why}, but it could not be {verb}: {failed}")
         else:
             driver.say(f"held job {job_id} (batch {batch}): {verb}; {why}")
+        # A held job no trial owns has no run: its record goes under the sweep's own id (ledger only).
+        run_id = trial_run_id(driver.spec.name, owned[job_id]) if job_id in owned else sweep_audit_id(driver.spec.name)
+        audit.record_action(Journal(driver.ledger), run_id, "release" if job_id in owned else "cancel", job_id,
+                            f"held job of batch {batch}: {why}", process="sweep",
+                            result=verb if failed is None else f"not {verb}: {failed}")
+
+
+def sweep_audit_id(sweep: str) -> str:
+    """The audit trail's key for a sweep's own actions that belong to no trial run (kept in the ledger only)."""
+    return f"sweep:{sweep}"

@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from hpc_agent import rundir
+from hpc_agent import audit, rundir
 from hpc_agent.config.schema import Config
 from hpc_agent.fsutil import atomic_write_json
-from hpc_agent.launcher import JOB_NAME_PREFIX, load_template, slurm_parameters
+from hpc_agent.journal import Journal
+from hpc_agent.launcher import JOB_NAME_PREFIX, fill, load_template, render_args, slurm_parameters
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import parse_sacct
 
@@ -92,11 +93,11 @@ def array_setup(lines: Sequence[str], jobs: Sequence[TrialJob]) -> List[str]:
     that a ``case`` on ``$SLURM_ARRAY_TASK_ID`` sets per task (the template renders them per run)."""
     import shlex
 
-    out = []
-    for line in lines:
-        for key, var in TRIAL_ENV.items():
-            line = line.replace("{" + key + "}", f'"${{{var}}}"')
-        out.append(line)
+    from hpc_agent.paths import code_root
+
+    # One pass (launcher.fill): a value put in is never scanned for placeholders again.
+    shell_words = {key: f'"${{{var}}}"' for key, var in TRIAL_ENV.items()}
+    out = [fill(line, dict(shell_words, repo=shlex.quote(str(code_root())))) for line in lines]
     if len(jobs) == 1:
         only = jobs[0]
         head = [f"{TRIAL_ENV['run_dir']}={shlex.quote(str(only.run_dir))}",
@@ -116,10 +117,9 @@ def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel:
     first = jobs[0]
     template = load_template(first.cfg.slurm.template)
     params = slurm_parameters(first.cfg, first.run_id, first.run_dir, first.config_path, template)
-    values = {"repo": str(code_root())}
-    params["setup"] = array_setup([_fill(line, values) for line in template.setup], jobs)
-    params["srun_args"] = [_fill(a, values).replace("{run_dir}", f"${{{TRIAL_ENV['run_dir']}}}")
-                           for a in template.srun_args]
+    params["setup"] = array_setup(template.setup, jobs)
+    # submitit quotes each srun option as one word, so a per-task shell variable cannot reach it: only {repo}.
+    params["srun_args"] = render_args(template.srun_args, {"repo": str(code_root())})
     params["job_name"] = array_name(sweep, batch)
     params["comment"] = f"hpc_agent sweep={sweep} batch={batch}"
     params["array_parallelism"] = parallel
@@ -128,21 +128,12 @@ def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel:
     return params
 
 
-def _fill(line: str, values: Mapping[str, str]) -> str:
-    import shlex
-
-    for key, value in values.items():
-        line = line.replace("{" + key + "}", shlex.quote(value))
-    return line
-
-
 def submit_array(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int, folder: Path) -> List[str]:
     """sbatch one array (or a plain job for a batch of one); returns the job ids in trial order."""
-    import submitit
-
     from hpc_agent.job import TrainingJob
+    from hpc_agent.slurm.submitit_timeout import TimedSlurmExecutor  # submitit's, with sbatch bounded
 
-    executor = submitit.SlurmExecutor(folder=folder)
+    executor = TimedSlurmExecutor(folder=folder)
     executor.update_parameters(**array_parameters(jobs, sweep, batch, parallel))
     with executor.batch():
         handles = [executor.submit(TrainingJob(j.run_dir, j.config_path)) for j in jobs]
@@ -160,28 +151,45 @@ def release_array(slurm, job_ids: Sequence[str]) -> None:
 
 
 _TEMP_PICKLE = re.compile(r"[0-9a-f]{32}\.pkl")  # submitit's name for a pickle not yet given its job id
+# The only globals our task pickles name (DelayedSubmission around the TrainingJob submitit runs): a file
+# naming any other (os.system, builtins.open ...) is not ours, whatever strings it carries.
+_TASK_GLOBALS = frozenset({("submitit.core.utils", "DelayedSubmission"), ("hpc_agent.job", "TrainingJob")})
+
+
+def temp_pickle_run_dir(path: Path, run_dirs: Sequence[str]) -> Optional[str]:
+    """Which of ``run_dirs`` the temporary task pickle at ``path`` is for, read from its opcodes (never
+    unpickled: the folder is job-writable, see ``hpc_agent.pickle_scan``). None for a torn, foreign or
+    ambiguous file, a link or a FIFO."""
+    from hpc_agent.pickle_scan import scan
+
+    try:
+        text = scan(path)
+    except (OSError, ValueError):
+        return None
+    if set(text.globals) != _TASK_GLOBALS:
+        return None
+    found = set(text.strings) & set(run_dirs)
+    return found.pop() if len(found) == 1 else None
 
 
 def restore_pickles(folder: Path, run_dirs: Mapping[str, Path]) -> List[str]:
     """Finish submitit's rename for tasks whose driver died between sbatch and that rename: find the
-    temporary pickle of each task's trial (by the run dir of the ``TrainingJob`` inside) and give it the
-    name the task reads. ``run_dirs``: job id -> run dir. Returns the job ids whose pickle was restored."""
-    from submitit.core.utils import DelayedSubmission, JobPaths
+    temporary pickle of each task's trial (by the run dir of the ``TrainingJob`` inside, read from the
+    pickle's opcodes) and give it the name the task reads. ``run_dirs``: job id -> run dir. Returns the
+    job ids whose pickle was restored. Nothing in the folder is ever unpickled here."""
+    from submitit.core.utils import JobPaths
 
     missing = {job_id: str(run_dir) for job_id, run_dir in run_dirs.items()
-               if not JobPaths(folder, job_id=job_id).submitted_pickle.exists()}
+               if not os.path.lexists(JobPaths(folder, job_id=job_id).submitted_pickle)}
     if not missing:
         return []
     temporary: Dict[str, Path] = {}
     # Oldest first: a trial pickled again by a later batch keeps its newest pickle (the same job anyway).
     for path in sorted((p for p in folder.glob("*.pkl") if _TEMP_PICKLE.fullmatch(p.name)),
-                       key=lambda p: p.stat().st_mtime):
-        try:
-            run_dir = getattr(DelayedSubmission.load(path).function, "run_dir", None)
-        except Exception:  # noqa: BLE001 - a torn or foreign pickle is not ours to restore
-            continue
+                       key=lambda p: p.lstat().st_mtime):
+        run_dir = temp_pickle_run_dir(path, list(missing.values()))
         if run_dir is not None:
-            temporary[str(run_dir)] = path
+            temporary[run_dir] = path
     restored = []
     for job_id, run_dir in missing.items():
         if run_dir in temporary:
@@ -255,6 +263,9 @@ def register_trial(ledger, job: TrialJob, job_id: str, sweep: str, batch: str, s
             sub = ledger.record_intent(job.run_id, "slurm", str(job.config_path),
                                        reason=f"sweep {sweep} trial {job.number}")
             ledger.record_submitted(sub, job_id)
+            # With the submission row: written once however often adoption repeats this.
+            audit.record_action(Journal(ledger), job.run_id, "submit", job_id, f"sweep {sweep} trial {job.number} "
+                                f"(array {array_name(sweep, batch)})", process="sweep", result="submitted")
         # Adoption may run this again: only a run still waiting for its job id moves on (never a trial the
         # watcher has since seen run, requeued or stopped).
         if ledger.run(job.run_id).phase == Phase.SUBMITTING.value:

@@ -14,6 +14,12 @@ One loop, resumable at any point because every step is recorded before it is act
   trial is neither: the watcher requeues or resubmits it, and the driver follows the run's latest job.
 
 A restarted driver first adopts what a killed one left: ``adopt.py``.
+
+The kill switch (``python -m hpc_agent.watch --pause``, ``hpc_agent.killswitch``) is checked at every turn
+of the loop and right before every ask-and-submit, release and cancel: a paused runs root raises
+:class:`~hpc_agent.killswitch.Paused` before the action, with everything done so far recorded, so the same
+sweep command continues after ``--resume``. Each submit and cancel writes an action record
+(``hpc_agent.audit``) to the trial run's audit trail.
 """
 from __future__ import annotations
 
@@ -23,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hpc_agent import rundir
+from hpc_agent import audit, killswitch, rundir
 from hpc_agent.config.load import load_config
+from hpc_agent.filemodes import make_dir
 from hpc_agent.journal import Journal
 from hpc_agent.lifecycle import TERMINAL, Event, EventKind, Phase
 from hpc_agent.metrics.tb_reader import Point, RunScalars
@@ -95,6 +102,10 @@ class SweepDriver:
     def say(self, text: str) -> None:
         self.out(f"[sweep {_dt.datetime.fromtimestamp(self.clock()).strftime('%H:%M:%S')}] {text}")
 
+    def halt_if_paused(self, before: str) -> None:
+        """The kill switch, checked right before each action: raises ``killswitch.Paused``."""
+        killswitch.check(self.runs_root, before)
+
     @staticmethod
     def _set(trial, key: str, value: Any) -> None:
         trial.set_user_attr(key, value)  # written to the storage at once: the trial's durable record
@@ -136,6 +147,8 @@ class SweepDriver:
         """Ask for as many trials as there are free slots (within the budget) and submit them as one array."""
         free = self.spec.parallel - len(self.followed)
         total = len(self.study.get_trials(deepcopy=False))
+        if free > 0 and (self.unsubmitted or total < self.spec.trials):
+            self.halt_if_paused("asking and submitting new trials")  # nothing asked yet: nothing to undo
         trials = self.unsubmitted[:free]
         self.unsubmitted = self.unsubmitted[len(trials):]
         dists = distributions(self.spec)
@@ -146,13 +159,14 @@ class SweepDriver:
             self._submit(trials)
 
     def _submit(self, trials: List[Any]) -> None:
+        self.halt_if_paused(f"submitting trials {[t.number for t in trials]}")
         batch = f"b{trials[0].number:03d}-{int(self.clock())}"
         jobs: List[TrialJob] = []
         for index, trial in enumerate(trials):
             run_id, cfg = self._trial_config(trial.number, trial.params)
             run_dir = self.runs_root / run_id
             for sub in (rundir.tb_dir, rundir.checkpoints_dir, rundir.slurm_dir):
-                sub(run_dir).mkdir(parents=True, exist_ok=True)
+                make_dir(sub(run_dir))
             jobs.append(TrialJob(trial.number, run_id, run_dir, write_config(run_dir, cfg), cfg))
             # One attribute per storage write; A_INTENT goes last and marks the intent complete (adopt).
             for key, value in ((A_RUN_ID, run_id), (A_RUN_DIR, str(run_dir)), (A_BATCH, batch), (A_INDEX, index),
@@ -222,6 +236,7 @@ class SweepDriver:
         """Record, stop following in the ledger, then cancel: a crash at any point leaves a trial that the
         next driver still tells as PRUNED (and stops first, see ``poll``), and a watcher that never mistakes
         the cancel for a failure."""
+        self.halt_if_paused(f"pruning trial {f.trial.number}")  # before the mark: a paused driver decides nothing
         self._set(f.trial, A_PRUNED, step)
         ids = self._cancel(f, step)
         self.say(f"trial {f.trial.number}: pruned at step {step} ({self.spec.pruner.kind} pruner); job(s) "
@@ -230,6 +245,7 @@ class SweepDriver:
     def _cancel(self, f: Followed, step: int) -> List[str]:
         """Move the pruned trial's run to ``stopped`` (the lifecycle's CANCELLED edge), then scancel its jobs.
         Idempotent: a driver killed half-way through ``_prune`` finishes it on adoption."""
+        self.halt_if_paused(f"cancelling pruned trial {f.trial.number}")
         ids = [s.job_id for s in self.ledger.submissions(f.run_id) if s.job_id]
         run = self.ledger.run(f.run_id)
         advanced = run is not None and Phase(run.phase) not in TERMINAL
@@ -241,9 +257,15 @@ class SweepDriver:
                 journal.add_audit(f.run_id, {"action": "pruned", "step": step,
                                              "reason": f"{self.spec.pruner.kind} pruner"})
         try:
-            self.slurm.run(["scancel", *ids], check=False)
+            result = self.slurm.run(["scancel", *ids], check=False)
+            outcome = "cancelled" if getattr(result, "returncode", 0) == 0 else \
+                f"scancel answered {result.returncode}: {(getattr(result, 'stderr', '') or '').strip()}"
         except SlurmError as exc:
+            outcome = f"scancel failed: {exc}"
             self.say(f"trial {f.trial.number}: scancel failed ({exc}); the job runs to its end")
+        if ids:
+            audit.record_action(journal, f.run_id, "cancel", " ".join(ids), process="sweep", result=outcome,
+                                reason=f"trial {f.trial.number} pruned at step {step} ({self.spec.pruner.kind} pruner)")
         try:  # events.jsonl from the journal; a failure here is retried by the watcher's next tick
             journal.flush_events(f.run_id, f.run_dir, lambda at: _dt.datetime.fromtimestamp(at).isoformat(
                 timespec="seconds"))
@@ -277,8 +299,11 @@ class SweepDriver:
         return not self.followed and not self.unsubmitted and len(self.study.get_trials(deepcopy=False)) >= self.spec.trials
 
     def run(self, poll_s: float = 2.0, stop: Callable[[], bool] = lambda: False) -> None:
+        """Adopt, then poll and fill until the budget is spent; raises ``killswitch.Paused`` on the kill switch."""
+        self.halt_if_paused("adopting the study's running trials")
         self.adopt()
         while not stop():
+            self.halt_if_paused("the next poll")
             self.poll()
             self.fill()
             if self.finished():

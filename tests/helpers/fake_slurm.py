@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from hpc_agent.slurm.cli import ALLOWED, Result, SlurmError
+from hpc_agent.slurm.cli import ALLOWED, JSON_PROBE, Result, SlurmError, sacct_argv
 from hpc_agent.slurm.sacct import SACCT_FIELDS
 
 REQUEUE_DELAY_S = 121.0  # a requeued job's BeginTime is now + cred_expire + 1 (22.05, not configurable)
@@ -94,7 +94,7 @@ def compress_hostlist(nodes: Sequence[str]) -> str:
 
 
 def _expand(text: str) -> List[str]:
-    from hpc_agent.slurm.sacct import expand_hostlist
+    from hpc_agent.slurm.hostlist import expand_hostlist
 
     return expand_hostlist(text)
 
@@ -181,6 +181,7 @@ class FakeSlurm:
         self.auto_schedule = auto_schedule
         self.mem_mb, self.cpus = mem_mb, cpus
         self.jobs: Dict[str, FakeJob] = {}
+        self.archived: List[FakeJob] = []  # jobs from before reuse_job_ids(): only accounting still lists them
         self._seq = 0
         self.broken: Dict[str, Union[Tuple[int, str], Exception]] = {}
         self.calls: List[List[str]] = []
@@ -244,15 +245,19 @@ class FakeSlurm:
         self.broken.pop(command, None)
 
     # --- the SlurmCLI interface ---------------------------------------------------------------------------
-    def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = SACCT_FIELDS, all_attempts: bool = True) -> str:
+    def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = SACCT_FIELDS, all_attempts: bool = True,
+              as_json: bool = False) -> str:
         ids = [str(j) for j in job_ids]
         self.sacct_calls.append(ids)
         if not ids:
             return ""
-        argv = ["sacct", "--parsable2", "--format", ",".join(fields), "--jobs", ",".join(ids)]
+        argv = sacct_argv(ids, fields, as_json)
         if all_attempts:
             argv.insert(1, "--duplicates")
         return self._run(argv, check=True, record_command=False).stdout
+
+    def sacct_probe(self) -> Result:
+        return self._run(JSON_PROBE, check=False, record_command=False)
 
     def run(self, argv: Sequence[str], check: bool = True, timeout_s: Optional[float] = None) -> Result:
         return self._run(argv, check=check, record_command=True)
@@ -303,6 +308,14 @@ class FakeSlurm:
             job.reason = self._pending_reason(job)
             self.jobs[job_id] = job
         return base
+
+    def reuse_job_ids(self, first_job_id: int) -> None:
+        """Job ids start again at ``first_job_id`` (a slurmdbd reset, or another cluster of a federation
+        handing out the same ids). slurmctld forgets every job it knew; accounting keeps their records, so
+        ``sacct --jobs <id>`` lists an older job under a reused id first, as on the real cluster."""
+        self.archived.extend(self.jobs.values())
+        self.jobs = {}
+        self.next_id = first_job_id
 
     def tasks(self, base: str) -> List[str]:
         """The task ids of array ``base`` (``["900_0", "900_1"]``)."""
@@ -554,14 +567,18 @@ class FakeSlurm:
                                           "--user": "user", "-u": "user"},
                         flags={"--parsable2": "P", "-P": "P", "--parsable": "p", "-p": "p", "--duplicates": "D",
                                "-D": "D", "--allocations": "X", "-X": "X", "--noheader": "n", "-n": "n",
-                               "--allusers": "a", "-a": "a"}, command="sacct")
+                               "--allusers": "a", "-a": "a", "--json": "J"}, command="sacct")
         fields = opts.get("format", "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode").split(",")
-        for f in fields:
+        for f in fields if "J" not in opts else ():  # --json prints every field and ignores --format
             if f not in SACCT_KNOWN:
                 return 1, "", f'sacct: error: Invalid field requested: "{f}"\n'
         jobs: List[FakeJob] = list(self.jobs.values())
         if "jobs" in opts:
-            jobs = [j for spec in opts["jobs"].split(",") for j in self._select(spec)]
+            specs = [spec.strip() for spec in opts["jobs"].split(",")]
+            old = [j for j in self.archived if j.job_id in specs or j.raw_id in specs or j.array_base in specs]
+            jobs = old + [j for spec in specs for j in self._select(spec)]
+        else:
+            jobs = self.archived + jobs
         if "name" in opts:
             names = set(opts["name"].split(","))
             jobs = [j for j in jobs if j.name in names]
@@ -570,9 +587,9 @@ class FakeSlurm:
         records: List[Tuple[int, FakeJob, FakeAttempt]] = []
         seen = set()
         for job in jobs:
-            if job.job_id in seen:
+            if id(job) in seen:
                 continue
-            seen.add(job.job_id)
+            seen.add(id(job))
             attempts = [a for a in job.attempts if a.created <= visible]
             if "D" not in opts:
                 attempts = attempts[-1:]
@@ -602,6 +619,8 @@ class FakeSlurm:
         for row in collapsed.values():
             tasks = row.pop("_tasks")
             row["JobID"] = f"{row['JobID'].split('_')[0]}_[{_ranges(tasks)}]"
+        if "J" in opts:
+            return 0, self._sacct_json(records), ""
         sep_end = "|" if "p" in opts else ""
         lines = [] if "n" in opts else ["|".join(fields) + sep_end]
         lines += ["|".join(row.get(f, "") for f in fields) + sep_end for row in rows]
@@ -617,7 +636,7 @@ class FakeSlurm:
             return {"JobID": job.job_id, "JobIDRaw": job.raw_id, "JobName": job.name, "State": state,
                     "ExitCode": a.exit_code, "DerivedExitCode": "0:0",
                     "NodeList": compress_hostlist(a.nodes) if a.nodes else "None assigned",
-                    "Start": start, "End": end, "Elapsed": elapsed, "Submit": _ts(job.submit_time),
+                    "Start": start, "End": end, "Elapsed": elapsed, "Submit": _ts(a.created),  # a requeue resubmits
                     "Eligible": _ts(job.begin if job.begin is not None else job.submit_time),
                     "Partition": job.partition, "NNodes": str(max(1, len(a.nodes) or job.num_nodes)),
                     "Comment": job.comment, "MaxRSS": "", "ReqMem": f"{self.mem_mb // self.cpus}M",
@@ -630,6 +649,70 @@ class FakeSlurm:
                 "Elapsed": _elapsed(run_end - s.start), "Submit": _ts(s.start), "Eligible": _ts(s.start),
                 "Partition": "", "NNodes": str(len(s.nodes)), "Comment": "", "MaxRSS": "0", "ReqMem": "",
                 "Timelimit": "", "User": "", "AllocCPUS": "1", "Reason": ""}
+
+    def _sacct_json(self, records: List[Tuple[int, FakeJob, FakeAttempt]]) -> str:
+        """``sacct --json`` as 22.05 (openapi dbv0.0.38) prints it: one record per attempt with its steps, the
+        fields hpc_agent.slurm.sacct_json reads in their 22.05 shapes. Like 22.05, an exit code reads
+        SUCCESS/0 unless a signal ended the job (text mode says 3:0 where JSON says 0: measured, see
+        tests/test_slurm_contract.py); unstarted array tasks are one record with a task bitmap."""
+        jobs: List[Dict[str, object]] = []
+        collapsed: Dict[str, Dict[str, object]] = {}
+        for _, job, a in records:
+            if job.array_base is not None and a.state == "PENDING" and len(job.attempts) == 1:
+                if job.array_base in collapsed:
+                    collapsed[job.array_base]["_tasks"].append(job.array_task)
+                    continue
+                record = self._json_record(job, a)
+                record["_tasks"] = [job.array_task]
+                collapsed[job.array_base] = record
+                jobs.append(record)
+                continue
+            jobs.append(self._json_record(job, a))
+        for record in collapsed.values():
+            tasks = record.pop("_tasks")
+            record["array"] = {"job_id": int(record["job_id"]), "task": hex(sum(1 << t for t in tasks)),
+                               "task_id": None}
+        doc = {"meta": {"plugin": {"type": "openapi/dbv0.0.38", "name": "Slurm OpenAPI DB v0.0.38"},
+                        "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"}},
+               "errors": [] if jobs else [{"description": "Nothing found", "error_number": 9003,
+                                           "error": "Nothing found with query", "source": "slurmdb_jobs_get"}],
+               "jobs": jobs}
+        import json
+
+        return json.dumps(doc, indent=2)
+
+    @staticmethod
+    def _json_exit(code: str) -> Dict[str, object]:
+        status, _, signal = code.partition(":")
+        if signal and int(signal):
+            return {"status": "SIGNALED", "return_code": None, "signal": {"signal_id": int(signal), "name": ""}}
+        return {"status": "SUCCESS", "return_code": 0}  # 22.05 drops a non-zero exit status here
+
+    def _json_record(self, job: FakeJob, a: FakeAttempt) -> Dict[str, object]:
+        def epoch(t: Optional[float]) -> int:
+            return int(t) if t is not None else 0
+
+        steps = [{"nodes": {"list": list(s.nodes), "count": len(s.nodes), "range": compress_hostlist(s.nodes)},
+                  "time": {"elapsed": int((s.end if s.end is not None else self.now) - s.start),
+                           "end": epoch(s.end), "start": epoch(s.start)},
+                  "exit_code": self._json_exit(s.exit_code), "state": s.state,
+                  "step": {"job_id": int(job.raw_id), "het": {"component": None},
+                           "id": s.suffix if not s.suffix.isdigit() else int(s.suffix), "name": s.name}}
+                 for s in (a.steps if a.start is not None else [])]
+        return {"account": "root", "comment": {"administrator": None, "job": job.comment or None, "system": None},
+                "array": {"job_id": int(job.array_base) if job.array_base else 0, "task": None,
+                          "task_id": job.array_task},
+                "exit_code": self._json_exit(a.exit_code), "derived_exit_code": {"status": "SUCCESS", "return_code": 0},
+                "het": {"job_id": 0, "job_offset": None}, "job_id": int(job.raw_id),
+                "kill_request_user": None,  # 22.05 leaves it null even for scancel (text: CANCELLED by <uid>)
+                "name": job.name, "nodes": compress_hostlist(a.nodes) if a.nodes else "None assigned",
+                "partition": job.partition, "state": {"current": a.state, "reason": job.reason},
+                "steps": steps, "time": {"elapsed": int(((a.end if a.end is not None else self.now) - a.start)
+                                                        if a.start is not None else 0),
+                                         "eligible": epoch(job.begin if job.begin is not None else job.submit_time),
+                                         "end": epoch(a.end), "start": epoch(a.start if not a.never_started else a.end),
+                                         "submission": epoch(a.created)},
+                "user": self.user, "working_directory": job.workdir}
 
     # --- squeue -------------------------------------------------------------------------------------------
     def _cmd_squeue(self, args: List[str]) -> Tuple[int, str, str]:
