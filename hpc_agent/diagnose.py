@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.schema import Config
-from hpc_agent.diagnosis.alarms import Alarm, fatal_alarms
+from hpc_agent.diagnosis.alarms import LOSS_SCALE_TAG, LOSS_TAG, Alarm, run_alarms
 from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import LogText
@@ -42,8 +42,6 @@ EXIT_USAGE = 2
 DEFAULT_TAIL_BYTES = 1 << 20
 # A saved sacct reply for a few jobs is kilobytes; a month of a busy cluster's -D history is megabytes.
 MAX_SACCT_FILE_BYTES = 64 << 20
-LOSS_TAG = "train/loss"
-LOSS_SCALE_TAG = "train/loss_scale"
 
 
 class UsageError(Exception):
@@ -81,8 +79,7 @@ def read_tb_scalars(tb_dir: Path,
         return {tag: [] for tag in tags}
     scalars = RunScalars(tb_dir, tags=tags)
     scalars.update()
-    return {tag: [(p.step, p.value) for _, p in sorted(scalars.raw(tag), key=lambda fp: fp[1].wall_time)]
-            for tag in tags}
+    return {tag: [(p.step, p.value) for p in scalars.written(tag)] for tag in tags}
 
 
 def _stdout_from_scontrol(cli, job_id: str) -> Optional[str]:
@@ -282,8 +279,9 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     if args.tb and not tb_dir.is_dir():
         raise UsageError(f"--tb {args.tb} is not a directory")
     if tb_dir is not None and tb_dir.is_dir():
-        scalars = read_tb_scalars(tb_dir)
-        found.alarms = fatal_alarms(scalars[LOSS_TAG], scalars[LOSS_SCALE_TAG], found.cfg.train.min_loss_scale)
+        scalars = RunScalars(tb_dir, tags=(LOSS_TAG, LOSS_SCALE_TAG))
+        scalars.update()
+        found.alarms = run_alarms(scalars, found.cfg.train.min_loss_scale)
     return found
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from hpc_agent import rundir
 from hpc_agent.checkpoints import complete_steps
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.diagnosis.alarms import fatal_alarms
+from hpc_agent.diagnosis.alarms import run_alarms
 from hpc_agent.follow import RunFiles, RunState, history_from
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.slurm.cli import SlurmError
@@ -148,7 +148,7 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars]) -> Run
         try:
             scalars.update()
             min_scale = config.train.min_loss_scale if config is not None else 1.0
-            alarms = fatal_alarms(scalars.series("train/loss"), scalars.series("train/loss_scale"), min_scale)
+            alarms = run_alarms(scalars, min_scale)
         except Exception as exc:  # noqa: BLE001 - TensorBoard is evidence, not a reason to stop following
             notes.append(f"TensorBoard events not read ({type(exc).__name__}: {exc})")
         notes.extend(f"TensorBoard: {p}" for p in scalars.problems())

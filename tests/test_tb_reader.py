@@ -261,3 +261,26 @@ def test_a_corrupt_tail_is_skipped_and_reported_not_raised(tmp_path):
         assert [p.step for p in scalars.series("train/loss")] == [1, 2], tail
         (problem,) = scalars.problems()
         assert ("corrupt record" if tail == "framed garbage" else "unreadable") in problem, problem
+
+
+def test_watcher_and_diagnose_judge_the_same_points(tmp_path):
+    """Attempt 0 went NaN after step 450 and wrote no purge marker on resume; attempt 1 resumed from its
+    step-400 checkpoint and is healthy so far. The per-step series still holds attempt 0's NaN past
+    attempt 1's last step; the alarms must judge the newest attempt's own points, and the watcher's
+    inputs (hpc_agent.observe) and diagnose's must be one and the same."""
+    import math
+
+    from hpc_agent.diagnosis.alarms import fatal_alarms, run_alarms
+    from hpc_agent.diagnose import read_tb_scalars
+
+    tb = tmp_path / "tb"
+    append(event_path(tb, 0), [scalar_event(s, 1.0 if s <= 450 else math.nan, wall=2000.0 + s) for s in range(1, 601)])
+    append(event_path(tb, 1), [scalar_event(s, 0.9, wall=1500.0 + s) for s in range(401, 451)])  # a slower clock
+    r = RunScalars(tb)
+    r.update()
+    assert [p.step for p in r.written(LOSS)][-50:] == list(range(401, 451))  # file order, not wall time
+    assert fatal_alarms(r.series(LOSS), [], 1.0), "the merged series does show attempt 0's NaN"
+    assert run_alarms(r, 1.0) == []
+    read = read_tb_scalars(tb)[LOSS]  # diagnose's reader: the same points in the same order
+    assert [step for step, _ in read] == [p.step for p in r.written(LOSS)]
+    assert sum(math.isnan(v) for _, v in read) == 150

@@ -42,6 +42,17 @@ def fatal_alarms(loss: Series, loss_scale: Series, min_loss_scale: float, stuck_
     return [Alarm(LEGACY_KIND[a.kind], a.step, a.detail) for a in found if a.kind in FATAL_KINDS]
 
 
+LOSS_TAG, LOSS_SCALE_TAG = "train/loss", "train/loss_scale"
+
+
+def run_alarms(scalars: Any, min_loss_scale: float) -> List[Alarm]:
+    """The fatal alarms of a run's TensorBoard scalars (a ``metrics.tb_reader.RunScalars``, already
+    updated): the one way the watcher and ``diagnose`` feed :func:`fatal_alarms`, every point in write
+    order, so both judge the same points (a merged per-step series would mix in an older attempt's
+    points past the newest one's last step)."""
+    return fatal_alarms(scalars.written(LOSS_TAG), scalars.written(LOSS_SCALE_TAG), min_loss_scale)
+
+
 def alarms_from_scalars(loss: Series = (), loss_scale: Series = (), min_loss_scale: float = 1.0,
                         stuck_points: int = 3) -> List[Alarm]:
     """:func:`fatal_alarms` with defaults (the name older callers use)."""

@@ -258,6 +258,13 @@ class RunScalars:
         file; nothing dropped (attempt boundaries and overlaps are visible here)."""
         return [(state.name, p) for state in self._ordered_files() for p in state.points.get(tag, ())]
 
+    def written(self, tag: str) -> List[Point]:
+        """Every point of ``tag`` in the order it was written: oldest file first (each attempt writes its
+        own), write order within a file; a resumed attempt shows as the step going back. Not sorted by wall
+        time: nodes' clocks can disagree by seconds. What the fatal alarms read
+        (``hpc_agent.diagnosis.alarms.run_alarms``), so they judge the newest attempt's own points."""
+        return [p for _, p in self.raw(tag)]
+
     def series(self, tag: str) -> List[Point]:
         """One point per step, sorted by step. An attempt's ``purge_step`` drops the points older files
         logged at steps >= it; where files still overlap, the newest file's point wins."""
