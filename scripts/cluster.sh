@@ -117,7 +117,10 @@ Environment knobs (current value):
   HPC_SLURM_WAIT_TIMEOUT=$WAIT_TIMEOUT      seconds to wait for each daemon
 
 Partitions: low (default, PriorityTier=1, PreemptMode=REQUEUE, GraceTime)
-            high (PriorityTier=10, PreemptMode=OFF); both span all nodes.
+            high (PriorityTier=10, PreemptMode=OFF)
+            lowcancel (PriorityTier=1, PreemptMode=CANCEL, GraceTime: a
+            preempted job is cancelled, never requeued; it must be
+            resubmitted from outside); all three span all nodes.
 Configs: $ETC_DIR   Logs: $LOG_DIR (munge: $MUNGE_LOG)
 State: $STATE_DIR   Spool: $SPOOL_ROOT/<node>   Pids: $RUN_DIR
 EOF
@@ -473,6 +476,7 @@ EOF
 
 PartitionName=low Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_TIME MaxTime=INFINITE State=UP
 PartitionName=high Nodes=ALL Default=NO PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+PartitionName=lowcancel Nodes=ALL Default=NO PriorityTier=1 PreemptMode=CANCEL GraceTime=$GRACE_TIME MaxTime=INFINITE State=UP
 EOF
 }
 
@@ -690,7 +694,7 @@ cmd_up() {
     wait_nodes $(node_names)
     reap_ghost_jobs
     wait_for "sacct to answer" "$WAIT_TIMEOUT" "$LOG_DIR/slurmdbd.log" sacct -n -X -S now-1minutes
-    say "cluster up in $((SECONDS - t0))s: nodes $(node_names | paste -sd, -), partitions low (default, preemptable) / high"
+    say "cluster up in $((SECONDS - t0))s: nodes $(node_names | paste -sd, -), partitions low (default, preemptable) / high / lowcancel (preemption cancels)"
 }
 
 stop_slurmds() {

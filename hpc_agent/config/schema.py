@@ -19,13 +19,14 @@ from hpc_agent.config.checks import (MEM_RE, NAME_RE, TIME_RE, check_choice, che
                                      raise_if)
 from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsConfig, ModelConfig
 from hpc_agent.config.problems import Problem
+from hpc_agent.config.resilience import ResilienceConfig
 from hpc_agent.memory import REDUCE_BUCKET_SIZE
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 WORKLOADS = ("gpt", "classifier")
 __all__ = ["Config", "RunConfig", "SlurmConfig", "TrainConfig", "WatchConfig", "ModelConfig", "DataConfig",
-           "FaultsConfig", "SECTIONS", "IMBALANCE_METHODS"]
+           "FaultsConfig", "ResilienceConfig", "SECTIONS", "IMBALANCE_METHODS"]
 
 @dataclass
 class RunConfig:
@@ -306,6 +307,9 @@ class Config:
     watch: WatchConfig = field(default_factory=WatchConfig)
     """Watcher settings."""
 
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    """Heartbeat, hang detection, in-job recovery and snapshots."""
+
     env_origin: Dict[str, List[str]] = field(default_factory=dict)
     """Written by the loader, not by you: which keys took their value from ``${oc.env:NAME}`` at submit and
     from which variables (names only, never values). Kept in the run's config snapshot."""
@@ -326,4 +330,5 @@ class Config:
 
 
 SECTIONS = {"run": RunConfig, "slurm": SlurmConfig, "train": TrainConfig, "model": ModelConfig,
-            "data": DataConfig, "faults": FaultsConfig, "watch": WatchConfig}
+            "data": DataConfig, "faults": FaultsConfig, "watch": WatchConfig,
+            "resilience": ResilienceConfig}
