@@ -19,9 +19,9 @@ import os
 import socket
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-ACTIONS = ("submit", "requeue", "expedite", "resubmit", "exclude", "cancel", "release")
+ACTIONS = ("submit", "requeue", "expedite", "resubmit", "exclude", "cancel", "release", "request_stacks", "release_lease")
 PROCESSES = ("watcher", "sweep", "submit")
-NOT_ACTIONS = ("notify",)  # effects that change nothing outside our own log: no action record
+NOT_ACTIONS = ("notify", "await_end")  # effects that change nothing outside our own log: no action record
 
 
 def who(process: str) -> Dict[str, Any]:

@@ -9,6 +9,11 @@ file it lists exists with the recorded size, so a truncated or missing shard or 
 the resume fall back to the previous one (same-size corruption is not detected: hashing multi-GB shards
 would cost more than it saves). The pure half (:func:`problem`, :func:`select`, :func:`retention`)
 works on :class:`Candidate` records; :func:`scan` builds them from the disk.
+
+Snapshots (``launch/snapshot.py``, ``resilience.snapshot_every``) are written in the same layout and with
+the same marker, asynchronously, as ``checkpoints/snap_00000042/``. A resume takes whichever usable one
+has the highest step (a full checkpoint wins a tie); retention keeps only the newest complete snapshot,
+and only while it is newer than the newest complete checkpoint.
 """
 from __future__ import annotations
 
@@ -27,16 +32,26 @@ from hpc_agent.filemodes import make_dir
 ASIDE = "set_aside"
 MARKER = "COMPLETE.json"
 MARKER_VERSION = 1
-_TAG_RE = re.compile(r"^step_(\d{8,})$")
+SNAP_PREFIX = "snap_"
+_TAG_RE = re.compile(r"^(?:step|snap)_(\d{8,})$")
 
 
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def snap_tag_for(step: int) -> str:
+    return f"{SNAP_PREFIX}{step:08d}"
+
+
 def step_of(name: str) -> Optional[int]:
+    """The step of a checkpoint or snapshot directory name; None for anything else."""
     match = _TAG_RE.match(name)
     return int(match.group(1)) if match else None
+
+
+def is_snapshot(name: str) -> bool:
+    return name.startswith(SNAP_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -64,7 +79,8 @@ class Selection:
     def lines(self) -> List[str]:
         out = [f"skipping checkpoint {name}: {why}" for name, why in self.skipped]
         if self.chosen is not None:
-            out.append(f"resuming from checkpoint {self.chosen.name} (step {self.chosen.step})")
+            kind = "snapshot" if is_snapshot(self.chosen.name) else "checkpoint"
+            out.append(f"resuming from {kind} {self.chosen.name} (step {self.chosen.step})")
         elif self.skipped:
             out.append("no usable checkpoint: starting from step 0")
         return out
@@ -92,9 +108,10 @@ def problem(c: Candidate) -> Optional[str]:
 
 
 def select(candidates: Sequence[Candidate]) -> Selection:
-    """The newest usable checkpoint, and the newer ones passed over with the reason."""
+    """The newest usable checkpoint or snapshot (a checkpoint wins a tie), and the newer ones passed over
+    with the reason."""
     skipped: List[Tuple[str, str]] = []
-    for c in sorted(candidates, key=lambda c: c.step, reverse=True):
+    for c in sorted(candidates, key=lambda c: (c.step, not is_snapshot(c.name)), reverse=True):
         why = problem(c)
         if why is None:
             return Selection(c, skipped)
@@ -103,16 +120,28 @@ def select(candidates: Sequence[Candidate]) -> Selection:
 
 
 def retention(candidates: Sequence[Candidate], keep: int) -> List[str]:
-    """Names to delete: complete ones beyond the newest ``keep`` (the newest is always kept), and
-    incomplete ones older than the newest complete one (newer incomplete ones are left for a
-    post-mortem; a later save of the same step replaces them)."""
-    complete = sorted((c for c in candidates if problem(c) is None), key=lambda c: c.step)
-    if not complete:
-        return []
-    newest = complete[-1].step
-    doomed = [c.name for c in complete[:-max(1, keep)]]
-    doomed += [c.name for c in candidates if problem(c) is not None and c.step < newest]
-    return sorted(doomed, key=lambda n: step_of(n) or 0)
+    """Names to delete. Checkpoints: complete ones beyond the newest ``keep`` (the newest is always kept),
+    and incomplete ones older than the newest complete one (newer incomplete ones are left for a
+    post-mortem; a later save of the same step replaces them). Snapshots: every one but the newest
+    complete snapshot, which goes too once a complete checkpoint of its step or later exists; incomplete
+    ones newer than everything complete stay (one may be in flight)."""
+    snaps = [c for c in candidates if is_snapshot(c.name)]
+    ckpts = [c for c in candidates if not is_snapshot(c.name)]
+    complete = sorted((c for c in ckpts if problem(c) is None), key=lambda c: c.step)
+    doomed: List[str] = []
+    if complete:
+        doomed += [c.name for c in complete[:-max(1, keep)]]
+        doomed += [c.name for c in ckpts if problem(c) is not None and c.step < complete[-1].step]
+    newest_ckpt = complete[-1].step if complete else -1
+    complete_snaps = sorted((c for c in snaps if problem(c) is None), key=lambda c: c.step)
+    kept = complete_snaps[-1] if complete_snaps and complete_snaps[-1].step > newest_ckpt else None
+    newest_any = max([newest_ckpt] + [c.step for c in complete_snaps])
+    for c in snaps:
+        if c is kept:
+            continue
+        if problem(c) is None or c.step < newest_any:
+            doomed.append(c.name)
+    return sorted(doomed, key=lambda n: (step_of(n) or 0, n))
 
 
 def walk(directory: Path) -> Tuple[Dict[str, int], List[str]]:
@@ -124,7 +153,10 @@ def walk(directory: Path) -> Tuple[Dict[str, int], List[str]]:
         for name in dirs + names:
             path = Path(top) / name
             rel = path.relative_to(directory).as_posix()
-            info = os.lstat(path)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:  # deleted meanwhile: the job's retention runs while others scan
+                continue
             if stat.S_ISLNK(info.st_mode):
                 links.append(rel)
             elif stat.S_ISREG(info.st_mode) and name != MARKER and not name.startswith(f".{MARKER}."):

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -33,7 +34,7 @@ from hpc_agent.launcher import run_id_from_job_name
 from hpc_agent import rundir
 from hpc_agent.rundir import find_logs, tail_log
 from hpc_agent.metrics.tb_reader import RunScalars
-from hpc_agent.policy import Decision, PastAttempt, decide, patch_as_overrides
+from hpc_agent.policy import Decision, PastAttempt, Situation, decide, patch_as_overrides
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, SacctRow, group_attempts, job_key_of
 from hpc_agent.slurm.sacct_read import SacctFormatError, read_sacct
 
@@ -184,9 +185,27 @@ def _suggestion(cause: Cause, decision: Decision) -> str:
     return text
 
 
+def name_hung(report: Dict[str, Any], cfg: Config) -> None:
+    """A running job whose heartbeats the hang judge calls stuck (``report["live"]["verdict"]``) is ``hung``:
+    the cause, the summary, the verdict first in the evidence, and what the watcher would do."""
+    verdict = (report.get("live") or {}).get("verdict")
+    if not verdict:
+        return
+    decision = decide(Cause.HUNG, [], cfg, Situation(job_id=report["job_id"], hang=(verdict.get("step"), "")))
+    report.update(cause=Cause.HUNG.value, summary=SUMMARY[Cause.HUNG.value], decision=decision.to_dict(),
+                  suggestion=_suggestion(Cause.HUNG, decision),
+                  evidence=[f"hung ({verdict.get('kind')}): {verdict.get('reason')}"] + list(report["evidence"]))
+    if report["attempts"]:
+        report["attempts"][-1]["cause"] = Cause.HUNG.value
+
+
 def render_text(report: Dict[str, Any]) -> str:
     d = report["decision"]
     lines = [f"job {report['job_id'] or '?'}: {report['cause']} -- {report['summary']}"]
+    if report.get("live"):
+        from hpc_agent.review_live import describe
+
+        lines.append(f"  live: {describe(report['live'])}")
     if report["state"]:
         blamed = f"; blamed: {','.join(report['bad_nodes'])}" if report["bad_nodes"] else ""
         lines.append(f"  state {report['state']}, exit {report['exit_code'] or '?'}, "
@@ -216,6 +235,7 @@ class Inputs:
     cfg: Config = field(default_factory=Config)
     config_source: str = "schema defaults (run directory not found)"
     run_dir: Optional[Path] = None
+    attempt_start: Optional[float] = None  # sacct's Start of the newest attempt (a live job's hang verdict)
 
 
 def _read_sacct(args: argparse.Namespace) -> Tuple[str, Optional[str], Any]:
@@ -251,6 +271,10 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     job_id = args.job_id or (list(jobs)[-1] if jobs else None)
     found = Inputs(job_id, sacct_text, sacct_error)
     attempts = attempts_for(jobs, job_id or "")
+    if attempts:
+        from hpc_agent.observe import attempt_start
+
+        found.attempt_start = attempt_start(attempts[-1])
     runs_root = Path(args.runs_root or os.environ.get(RUNS_ENV) or "./runs").expanduser()
     run_id = run_id_from_job_name(attempts[-1].job_name) if attempts else None
     if run_id and (runs_root / run_id).is_dir():
@@ -307,6 +331,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report["run_dir"] = str(found.run_dir) if found.run_dir else None
     report["config"] = found.config_source  # where the decision's numbers (batch, --mem, lr) came from
     report["logs"] = [log.name for log in found.logs]
+    if report["cause"] == Cause.RUNNING.value and found.run_dir is not None:
+        from hpc_agent.runreview import live_status  # as review shows it: time since the last step, a hang verdict
+
+        report["live"] = live_status(found.run_dir, Cause.RUNNING.value, time.time(), found.attempt_start)
+        name_hung(report, found.cfg)
     print(json.dumps(report, indent=2) if args.json else render_text(report))
     return EXIT_OK
 

@@ -86,8 +86,48 @@ def _exclude(ctx: Context, run: Run, e: EffectRow) -> str:
 
 
 def _cancel(ctx: Context, run: Run, e: EffectRow) -> str:
-    ctx.slurm.run(["scancel", e.job_id])
+    ctx.slurm.run(["scancel", e.job_id])  # an ended job: rc 0, nothing happens (so it may run twice)
     return "cancelled"
+
+
+def _request_stacks(ctx: Context, run: Run, e: EffectRow) -> str:
+    from hpc_agent.heartbeat import STACK_SIGNAL_NAME
+    from hpc_agent.slurm.cli import signal_argv
+
+    signal_job = getattr(ctx.slurm, "signal_job", None)
+    if signal_job is not None:
+        signal_job(e.job_id, STACK_SIGNAL_NAME)
+    else:
+        ctx.slurm.run(signal_argv(e.job_id, STACK_SIGNAL_NAME))
+    ctx.say(run.run_id, f"asked job {e.job_id} for its ranks' stacks (SIG{STACK_SIGNAL_NAME})")
+    return "stacks requested"
+
+
+def _await_end(ctx: Context, run: Run, e: EffectRow) -> str:
+    """Done once slurmctld no longer lists the job: its processes are gone (a ``COMPLETING`` job still has
+    some), so the next attempt cannot train beside them."""
+    state = queue_state(ctx.slurm, e.job_id)
+    if state is None:
+        raise Retry("squeue did not answer")
+    if state:
+        raise Retry(f"job {e.job_id} is still {state}")
+    return "ended"
+
+
+def _release_lease(ctx: Context, run: Run, e: EffectRow) -> str:
+    """The run lease of the job just ended, moved aside: Slurm says the job is gone (``await_end`` ran
+    before), so its lease is dead and the next attempt need not wait for it to go stale. A lease of any
+    other job is left alone."""
+    from hpc_agent.runlease import move_aside_if, read_holder
+
+    path = rundir.lease_path(Path(run.run_dir))
+    holder = read_holder(path)
+    if holder is None or holder.job_id != e.job_id:
+        return "no lease of this job"
+    if move_aside_if(path, holder.observed(), f"ended-{e.job_id}"):
+        ctx.say(run.run_id, f"run lease of ended job {e.job_id} released")
+        return "released"
+    return "lease changed meanwhile: left alone"
 
 
 def _notify(ctx: Context, run: Run, e: EffectRow) -> str:
@@ -154,7 +194,8 @@ def settle_intent(ctx: Context, run: Run, sub: Submission) -> Optional[str]:
 
 
 _HANDLERS = {"requeue": _requeue, "expedite": _expedite, "exclude": _exclude, "cancel": _cancel,
-             "notify": _notify, "resubmit": _resubmit}
+             "notify": _notify, "resubmit": _resubmit, "request_stacks": _request_stacks, "await_end": _await_end,
+             "release_lease": _release_lease}
 
 
 class Carrier:

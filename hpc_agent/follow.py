@@ -18,10 +18,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc_agent.diagnosis.causes import Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import gpu_capacity_bytes
+from hpc_agent.follow_hang import config_value as _get
+from hpc_agent.follow_hang import open_suspicion, running
 # The core's values are re-exported: callers import the core and its data from one place.
-from hpc_agent.follow_model import (CANCEL, EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY, REQUEUE_EFFECT,  # noqa: F401
-                                    RESUBMIT_EFFECT, Effect, Exclude, Expedite, Notify, Observation, Outcome, Requeue,
-                                    Resubmit, RunFiles, RunState, Wants)
+from hpc_agent.follow_model import (AWAIT_END, CANCEL, EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY,  # noqa: F401
+                                    RELEASE_LEASE, REQUEUE_EFFECT, RESUBMIT_EFFECT, STACKS, Effect, Exclude, Expedite,
+                                    Live, Notify, Observation, Outcome, Requeue, Resubmit, RunFiles, RunState,
+                                    Suspicion, Wants)
 from hpc_agent.lifecycle import Action, Event, EventKind, Phase, transition
 from hpc_agent.policy import (DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation,
                               apply_patch, decide)
@@ -53,7 +56,9 @@ def history_from(rows: Sequence[Any]) -> Tuple[PastAttempt, ...]:
     for i, row in enumerate(rows):
         before = rows[i - 1].ckpt_step if i else None
         progress = None if row.ckpt_step is None and before is None else (row.ckpt_step or -1) > (before or -1)
-        out.append(PastAttempt(row.job_id, row.cause, row.action, row.patch, progress))
+        hang = (getattr(row, "decision", None) or {}).get("hang")
+        out.append(PastAttempt(row.job_id, row.cause, row.action, row.patch, progress,
+                               (hang.get("step"), str(hang.get("signature", ""))) if isinstance(hang, dict) else None))
     return tuple(out)
 
 
@@ -76,7 +81,8 @@ def wants(state: RunState, attempts: Sequence[Attempt]) -> Wants:
         return Wants()
     latest, index = attempts[-1], len(attempts) - 1
     if latest.state in RUNNING_STATES:
-        return Wants()
+        asked = open_suspicion(state, index) is not None  # stacks asked: read them, and what a decision needs
+        return Wants(files=asked, live=latest.state == "RUNNING", stacks=asked)
     if latest.state == "REQUEUED" and (index + 1) not in state.expedited:
         return Wants(queue=True, files=True)
     if latest.state in PENDING_STATES:
@@ -95,7 +101,10 @@ def follow(state: RunState, obs: Observation, limits: PolicyLimits = PolicyLimit
     attempts, index = _effective(state, obs)
     latest = attempts[-1]
     if latest.state in RUNNING_STATES:
-        return _to(state, Event(EventKind.STARTED, state.job_id)) if state.phase is not Phase.RUNNING else Outcome(state.phase)
+        if state.phase is not Phase.RUNNING:
+            return _to(state, Event(EventKind.STARTED, state.job_id))
+        parked = _unfollowable(state, obs.files) if open_suspicion(state, index) is not None else None
+        return parked or running(state, attempts, obs, limits)
     if latest.state in PENDING_STATES:
         outcome = Outcome(state.phase)
         if index > 0 and index not in state.expedited:
@@ -256,8 +265,3 @@ def _recovering(state: RunState, obs: Observation) -> Outcome:
                    lines=(f"carrying out the recorded decision again: {last['action']} ({last['reason']})",))
 
 
-def _get(cfg: Any, dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part, None)
-    return node

@@ -33,6 +33,7 @@ class Effect:
 
 REQUEUE_EFFECT, EXPEDITE, RESUBMIT_EFFECT, EXCLUDE, CANCEL, NOTIFY = (
     "requeue", "expedite", "resubmit", "exclude", "cancel", "notify")
+STACKS, AWAIT_END, RELEASE_LEASE = "request_stacks", "await_end", "release_lease"
 
 
 def Requeue(job_id: str) -> Effect:  # noqa: N802 - effect constructors read like the data they build
@@ -61,6 +62,48 @@ def Notify(text: str) -> Effect:  # noqa: N802
     return Effect(NOTIFY, "", {"text": text})
 
 
+def RequestStacks(job_id: str) -> Effect:  # noqa: N802 - ``scancel --signal=URG``: every rank dumps its stacks
+    return Effect(STACKS, job_id)
+
+
+def AwaitEnd(job_id: str) -> Effect:  # noqa: N802 - done once squeue no longer lists the job (processes gone)
+    return Effect(AWAIT_END, job_id)
+
+
+def ReleaseLease(job_id: str) -> Effect:  # noqa: N802 - the ended job's run lease, moved aside if it still holds it
+    return Effect(RELEASE_LEASE, job_id)
+
+
+@dataclass(frozen=True)
+class Suspicion:
+    """A hang verdict the watcher acted on by asking for stacks (the ledger's ``hang_suspicions`` row)."""
+
+    job_id: str
+    attempt: int
+    asked_at: float
+    stack_marks: Dict[int, Tuple[int, int]] = field(default_factory=dict)
+    """rank -> (size, mtime_ns) of its stack file when the stacks were asked: a change is a new dump."""
+    verdict: Dict[str, Any] = field(default_factory=dict)
+    active: bool = True
+    """False: a record that the suspicion was dropped (the job moved on) or decided."""
+
+
+@dataclass(frozen=True)
+class Live:
+    """A running attempt's progress, read bounded each tick (``hpc_agent.observe.read_live``)."""
+
+    now: float
+    verdict: Optional[Any] = None
+    """``hpc_agent.diagnosis.hang.HangVerdict`` of this attempt's heartbeats, or None: progressing."""
+    beats: Tuple[Any, ...] = ()
+    stack_marks: Dict[int, Tuple[int, int]] = field(default_factory=dict)
+    stacks: Optional[Dict[int, str]] = None
+    """rank -> its stack file's tail; read only once the stacks were asked."""
+    stack_wait_s: float = 10.0
+    acting: bool = True
+    """The run's ``watch.enabled``: False leaves a hung job alone (no signal, no cancel)."""
+
+
 # --- inputs --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RunState:
@@ -80,6 +123,8 @@ class RunState:
     last_decision: Optional[Dict[str, Any]] = None
     """The newest recorded decision: ``job_id``, ``attempt``, ``action``, ``decision`` (for a legacy
     ``recovering`` run whose effects were never journaled)."""
+    suspicion: Optional[Suspicion] = None
+    """The active hang suspicion of ``job_id`` (stacks asked, no decision yet), if any."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +146,8 @@ class Observation:
     queue: Optional[str] = None
     """squeue's state for the job ("" not queued, None no answer, NOT_ASKED: ask only if needed)."""
     files: Optional[RunFiles] = None
+    live: Optional[Live] = None
+    """For a running attempt: its heartbeats' verdict (None when the run's settings or beats were not read)."""
 
 
 NOT_ASKED = "?"
@@ -110,6 +157,10 @@ NOT_ASKED = "?"
 class Wants:
     queue: bool = False
     files: bool = False
+    live: bool = False
+    """A running attempt: read its heartbeats (bounded, every tick) and judge them."""
+    stacks: bool = False
+    """A hang suspicion is open: also read the stack files (and ``files``, to decide)."""
 
 
 @dataclass(frozen=True)
@@ -125,3 +176,5 @@ class Outcome:
     """Call again with squeue's word: the decision acts only on a job Slurm no longer queues."""
     wait_note: Optional[int] = None
     """An attempt index deferred while Slurm still queues the job (said once per attempt by the watcher)."""
+    suspect: Optional[Suspicion] = None
+    """A hang suspicion to store (asked) or to close (``active`` False), in the decision's transaction."""

@@ -74,6 +74,10 @@ class Journal:
                                                               latest.id if latest else 0, now))
             for record in outcome.audit:
                 self.add_audit(run_id, record)
+            hang = getattr(outcome, "suspect", None)
+            if hang is not None:
+                ledger.store_suspicion(hang.job_id, hang.attempt, hang.asked_at, hang.stack_marks, hang.verdict,
+                                       hang.active)
         return True
 
     def add_audit(self, run_id: str, record: Dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from hpc_agent.config.fields import NAME, path_problem
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import Config
 from hpc_agent.config.yaml_safe import load_mapping
+from hpc_agent.handback import batch_setup_lines, batch_teardown_lines
 from hpc_agent.paths import code_root, templates_dir
 
 JOB_NAME_PREFIX = "hpc_agent:"
@@ -154,8 +155,9 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
         # USR2 <lead> s before the limit: time to write a checkpoint (--signal=USR2@lead).
         "signal_delay_s": s.signal_lead_s,
         "stderr_to_stdout": True,
-        "setup": render_lines(template.setup, values),
+        "setup": render_lines(template.setup, values) + batch_setup_lines(),
         "srun_args": render_args(template.srun_args, values),
+        "teardown": batch_teardown_lines(),  # requeue after a signal's checkpoint, once the step ended
     }
     for name in ("partition", "account", "qos", "constraint", "exclude", "mem"):
         if getattr(s, name) is not None:

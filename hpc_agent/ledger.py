@@ -89,6 +89,16 @@ CREATE TABLE IF NOT EXISTS audit (
     written  INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS audit_unwritten ON audit(written, run_id);
+-- Hang suspicions (hpc_agent/follow_hang.py): stacks asked of a running attempt, one row per attempt.
+CREATE TABLE IF NOT EXISTS hang_suspicions (
+    job_id    TEXT NOT NULL,
+    attempt   INTEGER NOT NULL,
+    asked_at  REAL NOT NULL,
+    marks     TEXT NOT NULL DEFAULT '{}',
+    verdict   TEXT NOT NULL DEFAULT '{}',
+    active    INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY(job_id, attempt)
+);
 -- One watcher per runs root: a lease with a heartbeat (hpc_agent/journal.py WatcherLease).
 CREATE TABLE IF NOT EXISTS watcher_lease (
     one        INTEGER PRIMARY KEY CHECK (one = 1),
@@ -325,6 +335,31 @@ class Ledger:
             for job_id, attempt in self.db.execute(f"SELECT job_id, attempt FROM {table} WHERE job_id IN ({jobs})",
                                                    phases):
                 into.setdefault(job_id, set()).add(attempt)
+        return out
+
+    def store_suspicion(self, job_id: str, attempt: int, asked_at: float, marks: Dict[int, Any],
+                        verdict: Dict[str, Any], active: bool) -> None:
+        """Open (or close, ``active`` False) the hang suspicion of one attempt; a closed one keeps its row."""
+        if active:
+            self.db.execute("INSERT OR REPLACE INTO hang_suspicions(job_id, attempt, asked_at, marks, verdict, active) "
+                            "VALUES (?, ?, ?, ?, ?, 1)", (str(job_id), attempt, asked_at,
+                                                          json.dumps({str(k): list(v) for k, v in marks.items()}),
+                                                          json.dumps(verdict, sort_keys=True, default=str)))
+        else:
+            self.db.execute("UPDATE hang_suspicions SET active = 0 WHERE job_id = ? AND attempt = ?",
+                            (str(job_id), attempt))
+
+    def suspicions(self, phases: List[str]) -> Dict[str, Tuple[int, float, Dict[int, Tuple[int, int]], Dict[str, Any]]]:
+        """job id -> (attempt, asked_at, rank -> stack file mark, verdict) of every open hang suspicion of
+        the jobs of runs in these phases (one query a tick)."""
+        marks = ",".join("?" * len(phases))
+        jobs = f"SELECT job_id FROM submissions WHERE run_id IN (SELECT run_id FROM runs WHERE phase IN ({marks}))"
+        out = {}
+        for job_id, attempt, asked_at, stack_marks, verdict in self.db.execute(
+                "SELECT job_id, attempt, asked_at, marks, verdict FROM hang_suspicions WHERE active = 1 AND "
+                f"job_id IN ({jobs}) ORDER BY attempt", phases):
+            out[job_id] = (attempt, asked_at, {int(k): (int(v[0]), int(v[1])) for k, v in json.loads(stack_marks).items()},
+                           json.loads(verdict))
         return out
 
     def submissions(self, run_id: str) -> List[Submission]:

@@ -6,7 +6,10 @@ in ``needs_attention``; a corrupt TensorBoard tail is skipped and reported in :a
 """
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import os
+import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -15,7 +18,8 @@ from hpc_agent import rundir
 from hpc_agent.checkpoints import complete_steps
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.diagnosis.alarms import run_alarms
-from hpc_agent.follow import RunFiles, RunState, history_from
+from hpc_agent.diagnosis.hang import judge
+from hpc_agent.follow import Live, RunFiles, RunState, history_from
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
@@ -158,6 +162,39 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars]) -> Run
         problems.append(f"{rundir.CHECKPOINTS}/: {exc.strerror or exc}")
         steps = ()
     return RunFiles(config, tuple(logs), tuple(alarms), steps, tuple(problems), tuple(notes))
+
+
+def attempt_start(attempt: Attempt) -> Optional[float]:
+    """When sacct says this attempt started (epoch seconds; sacct prints local time), None while unknown."""
+    text = attempt.primary.get("Start") if attempt.primary is not None else ""
+    try:
+        return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def stack_marks(run_dir: Path, ranks) -> Dict[int, Tuple[int, int]]:
+    """rank -> (size, mtime_ns) of its stack file: one ``lstat`` each, no read; a change is a new dump."""
+    marks: Dict[int, Tuple[int, int]] = {}
+    for rank in sorted(set(ranks)):
+        try:
+            info = os.lstat(rundir.stack_path(run_dir, rank))
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            marks[rank] = (info.st_size, info.st_mtime_ns)
+    return marks
+
+
+def read_live(run_dir: Path, attempt: Attempt, settings, now: float, with_stacks: bool, acting: bool = True) -> Live:
+    """A running attempt's heartbeats judged (``diagnosis.hang.judge``, with the run's ``resilience:``
+    settings); the stack files' marks when the verdict says hung or stacks were asked, their text only
+    when asked. Bounded: one small file per rank (``rundir.read_heartbeats``)."""
+    beats = tuple(rundir.read_heartbeats(run_dir))
+    verdict = judge(beats, now, attempt_start(attempt), settings)
+    marks = stack_marks(run_dir, (b.rank for b in beats)) if verdict is not None or with_stacks else {}
+    stacks = rundir.read_stacks(run_dir) if with_stacks else None
+    return Live(now, verdict, beats, marks, stacks, float(settings.stack_wait_s), acting)
 
 
 def run_state(ledger, run, state: RunState) -> RunState:

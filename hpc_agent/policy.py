@@ -41,6 +41,7 @@ DEFAULT_PER_CAUSE: Mapping[str, Optional[int]] = {
     "timeout": None,    # unlimited while it progresses; the no-progress guard catches hangs
     "node_fail": 3, "gpu_hw_error": 3, "nccl_error": 3, "host_oom": 3, "diverged": 3,
     "gpu_oom": 12,      # the ladder itself ends: log2(micro_batch_size) + at most 6 rungs
+    "hung": 3,          # and a repeat at the same step in the same frame stops at once (_rule)
 }
 
 
@@ -56,6 +57,8 @@ class PastAttempt:
     """The config patch applied for the *next* attempt."""
     made_progress: Optional[bool] = None
     """A newer complete checkpoint exists after this attempt; None when unknown."""
+    hang: Optional[Tuple[Optional[int], str]] = None
+    """For a ``hung`` attempt: (the step it hung at, the stack signature of its stuck ranks)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class Situation:
     """The GPU's total memory, when the out-of-memory message states it (CUDA's does)."""
     requeued_after: Optional[str] = None
     """For a pending attempt: the cause after which Slurm requeued the job itself (e.g. preempted)."""
+    hang: Optional[Tuple[Optional[int], str]] = None
+    """For a hung attempt: (step, stack signature); ``top_frame`` names the majority's innermost frame."""
+    top_frame: str = ""
 
 
 @dataclass(frozen=True)
@@ -228,6 +234,8 @@ def _rule(cause: Cause, history: Sequence[PastAttempt], cfg: Config, situation: 
                                      "and nothing offloaded: lower train.micro_batch_size or use nodes with more memory")
         patch, what = fix
         return Decision(RESUBMIT, c, f"host out of memory: {what}", patch)
+    if cause == Cause.HUNG:
+        return _hung(history, cfg, situation)
     if cause == Cause.DIVERGED:
         lr = cfg.train.lr * limits.lr_factor
         step = _rollback(situation)
@@ -237,6 +245,29 @@ def _rule(cause: Cause, history: Sequence[PastAttempt], cfg: Config, situation: 
         return Decision(RESUBMIT, c, f"training diverged: roll back to {where}, train.lr {cfg.train.lr:g} -> {lr:g}",
                         {"train.lr": lr}, rollback_to_step=step, rollback_before_step=situation.divergence_step)
     raise ValueError(f"no rule for cause {c!r}")
+
+
+def _hung(history: Sequence[PastAttempt], cfg: Config, situation: Situation) -> Decision:
+    """Cancel and resubmit from the newest checkpoint, excluding the nodes the evidence names (``bad_nodes``);
+    the same hang twice (same step, same stacks) is a bug in the job, not the cluster: stop."""
+    c = Cause.HUNG.value
+    step = situation.hang[0] if situation.hang else None
+    where = f"step {step}" if step is not None else "start-up"
+    if situation.hang is not None and any(h.cause == c and h.hang == situation.hang for h in history):
+        return Decision(STOP, c, f"hangs at {where} in {situation.top_frame or 'the same frame'} twice: a bug, not "
+                                 "the cluster (code_error-like); fix it, then resubmit")
+    if situation.bad_nodes:
+        exclude = merge_exclude(cfg.slurm.exclude, situation.bad_nodes)
+        return Decision(RESUBMIT, c, f"hung at {where}; the evidence points at {','.join(situation.bad_nodes)}: "
+                                     f"cancel and resubmit from the newest checkpoint excluding it "
+                                     f"(slurm.exclude={exclude})", {"slurm.exclude": exclude})
+    return Decision(RESUBMIT, c, f"hung at {where}: cancel and resubmit from the newest checkpoint")
+
+
+def repair_rule(cause: str | Cause, cfg: Config, situation: Situation = Situation(),
+                limits: PolicyLimits = PolicyLimits()) -> Decision:
+    """The rule alone, without the watcher's budgets: what the job's in-job recovery applies (launch/recovery.py)."""
+    return _rule(Cause(cause), (), cfg, situation, limits)
 
 
 def decide(cause: str | Cause, history: Sequence[PastAttempt], cfg: Config, situation: Situation = Situation(),

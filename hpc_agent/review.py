@@ -15,9 +15,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent import rundir
+from hpc_agent.review_live import describe
 from hpc_agent.review_plot import plot_runs
 # The data half lives in runreview (the chaos driver reads it too); these names stay importable from here.
 from hpc_agent.runreview import (LIVE_PHASES, LOSS, LR, PLOT_TAGS, SAMPLES, STEP_TIME, Scalars, attempt_of,  # noqa: F401
@@ -30,7 +31,7 @@ def public(run: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in run.items() if not k.startswith("_")}
 
 
-def render_table(runs: Sequence[Dict[str, Any]]) -> None:
+def render_table(runs: Sequence[Dict[str, Any]], console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -39,11 +40,35 @@ def render_table(runs: Sequence[Dict[str, Any]]) -> None:
         table.add_column(col, overflow="fold")
     for r in runs:
         step = f"{r['step'] if r['step'] is not None else '-'} / {r['max_steps'] or '?'}"
-        table.add_row(r["run_id"], r["phase"], str(r["attempts"]), ", ".join(r["causes"]) or "-", step,
+        live = describe(r.get("live"))  # a live run: how long since its last step, and a hang if it looks like one
+        table.add_row(r["run_id"], f"{r['phase']}: {live}" if live else r["phase"], str(r["attempts"]),
+                      ", ".join(r["causes"]) or "-", step,
                       f"{r['last_loss']:.4f}" if r["last_loss"] is not None else "-",
                       f"{r['throughput']:.1f}" if r["throughput"] is not None else "-",
                       f"{r['ettr']:.2f}" if r["ettr"] is not None else "-", str(r["steps_lost"]))
-    Console(width=160).print(table)
+    console = console or Console(width=160)
+    console.print(table)
+    lines = decision_lines(runs)
+    if lines:
+        console.print("decisions (oldest first; (in job) = made by the job inside its allocation):", highlight=False)
+        for line in lines:
+            console.print(line, highlight=False, markup=False)
+
+
+def decision_lines(runs: Sequence[Dict[str, Any]]) -> List[str]:
+    """``  RUN attempt 2 (job 1002) at step 37: gpu_oom -> in_job_repair: ... (in job)``, one per decision."""
+    out = []
+    for r in runs:
+        for d in r.get("decisions", []):
+            where = " (in job)" if d.get("in_job") else ""
+            reason = f": {d['reason']}" if d.get("reason") else ""
+            attempt = f" attempt {d['attempt']}" if d.get("attempt") is not None else ""
+            job = f" (job {d['job_id']})" if d.get("job_id") else ""
+            step = f" at step {d['step']}" if d.get("step") is not None else ""
+            line = f"  {r['run_id']}{attempt}{job}{step}: {d['cause']} -> {d['action']}{reason}{where}"
+            # a job wrote the in-job reasons: no terminal escape sequence reaches the screen
+            out.append("".join(c if c.isprintable() else "?" for c in line))
+    return out
 
 
 # --- TensorBoard ------------------------------------------------------------------------------------------

@@ -1,10 +1,17 @@
-"""Plotting and boundary labels for ``hpc_agent.review``; matplotlib is imported only inside ``plot_runs``."""
+"""Plotting and boundary labels for ``hpc_agent.review``; matplotlib is imported only inside ``build_figure``."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
 NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
+# The watcher's notices about a running attempt (hpc_agent.follow_hang): it asked for the stacks of a run
+# that looked hung, or the run moved on. Neither ends an attempt nor names its cause; the decision does.
+NOTICE_ACTIONS = frozenset({"hang_suspected", "hang_cleared"})
+
+
+def is_notice(record: Mapping[str, Any]) -> bool:
+    return record.get("action") in NOTICE_ACTIONS
 
 
 def _short_key(dotted: str) -> str:
@@ -40,7 +47,7 @@ def boundary_labels(events: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]
     out: List[Dict[str, Any]] = []
     for record in events:
         cause = record.get("cause")
-        if cause in NO_BOUNDARY_CAUSES or record.get("action") == "done":
+        if cause in NO_BOUNDARY_CAUSES or record.get("action") == "done" or is_in_job(record) or is_notice(record):
             continue
         attempt = record.get("attempt")
         if not isinstance(attempt, int):
@@ -57,6 +64,17 @@ def boundary_labels(events: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]
     return sorted(out, key=lambda b: b["attempt"])
 
 
+def is_in_job(record: Mapping[str, Any]) -> bool:
+    """A decision the job made inside its allocation: no attempt boundary, a marker at its step."""
+    return record.get("decided_in") == "job"
+
+
+def in_job_markers(events: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """``[{"step": N, "label": "(in job) gpu_oom: micro_batch 8→4"}]``, one per in-job decision with a step."""
+    return [{"step": r["step"], "label": f"(in job) {event_label(r)}"} for r in events
+            if is_in_job(r) and isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
+
+
 def _label(ax, x: float, y: float, text: str, color: str) -> None:
     """A boxed label beside a marker line; on the left of it when the line is in the right half."""
     lo, hi = ax.get_xlim()
@@ -66,9 +84,46 @@ def _label(ax, x: float, y: float, text: str, color: str) -> None:
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": color, "lw": 0.6, "alpha": 0.9})
 
 
+def _silent_gap(ax, live: Mapping[str, Any]) -> None:
+    """A live run's throughput panel runs up to now, the span since its last step shaded and labelled."""
+    import matplotlib.dates as mdates
+    from datetime import datetime
+
+    from hpc_agent.review_live import duration
+
+    now = datetime.fromtimestamp(live["now"])
+    end = mdates.date2num(now)
+    lo = ax.get_xlim()[0] if ax.has_data() else end - 1.0 / 1440  # an empty panel: the last minute
+    if live.get("last_step_at") is None or live["last_step_at"] >= live["now"]:  # no step yet, or a clock ahead
+        ax.set_xlim(min(lo, end - 1.0 / 1440), end)
+        return
+    last = datetime.fromtimestamp(live["last_step_at"])
+    hung = bool(live.get("verdict"))
+    color = "tab:red" if hung else "0.6"
+    ax.axvspan(last, now, color=color, alpha=0.18, lw=0, label="silent")
+    ax.set_xlim(min(lo, mdates.date2num(last)), end)
+    text = f"silent {duration(live['silent_s'])}" + (": looks hung" if hung else "")
+    ax.text(end, 0.5, text, color=color if hung else "0.3", fontsize=8, ha="right",
+            va="center", rotation=90, transform=ax.get_xaxis_transform(), zorder=5)
+
+
 def plot_runs(runs: Sequence[Mapping[str, Any]], out: Path) -> Path:
+    """Save :func:`build_figure` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(runs)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def build_figure(runs: Sequence[Mapping[str, Any]]):
     """One row per run: loss and LR against step (twin axes), samples/s against wall time; one
-    vertical marker per attempt boundary in both panels, labelled with its cause/decision."""
+    vertical marker per attempt boundary in both panels, labelled with its cause/decision, and one per
+    in-job decision in the loss panel. A live run's throughput panel runs up to ``run["live"]["now"]``
+    with the silence since its last step shaded (nothing here reads the clock: the PNG is reproducible)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.dates as mdates
@@ -107,6 +162,8 @@ def plot_runs(runs: Sequence[Mapping[str, Any]], out: Path) -> Path:
         ax_tp.set_title(f"throughput (median {run.get('throughput') or 0:.1f}/s), ETTR {run.get('ettr') or 0:.2f}")
         ax_tp.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=4, maxticks=8))
         ax_tp.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+        if run.get("live"):  # before the markers: their labels are placed by where they fall on the x range
+            _silent_gap(ax_tp, run["live"])
         for i, b in enumerate(run.get("boundaries", [])):
             color = colors[i % len(colors)]
             text = f"attempt {b['attempt']}: {b['label']}"
@@ -118,10 +175,9 @@ def plot_runs(runs: Sequence[Mapping[str, Any]], out: Path) -> Path:
                 when = datetime.fromtimestamp(b["wall_time"])
                 ax_tp.axvline(when, color=color, ls="--", lw=1.2)
                 _label(ax_tp, mdates.date2num(when), y, text, color)
+        for i, marker in enumerate(run.get("in_job", [])):
+            ax_loss.axvline(marker["step"], color="tab:gray", ls=":", lw=1.2)
+            _label(ax_top, marker["step"], 0.3 + 0.09 * i, marker["label"], "tab:gray")
     fig.tight_layout()
     fig.canvas.draw()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig

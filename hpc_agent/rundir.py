@@ -11,6 +11,9 @@ Layout (one home for it; nothing else spells these names)::
         tb/                  TensorBoard event files
         checkpoints/         DeepSpeed checkpoints, one folder per step
         slurm/               submitit's logs: <job id>_<rank>_log.out / .err
+        heartbeat/           rank-RRRRR.json: each rank's latest beat (step, phase, times; hpc_agent.heartbeat)
+        stacks/              rank-RRRRR.txt: a header line, then each Python stack dump asked for with SIGURG
+        journal/in_job.jsonl the job's own repairs (in-job recovery), one JSON line each
 
 A job can write anything into its run directory, and a user can replace a file by a FIFO or by a link
 to ``/dev/zero``. So files here are read as untrusted input: regular files only (``O_NOFOLLOW``,
@@ -27,8 +30,9 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from hpc_agent import heartbeat
 from hpc_agent.diagnosis.logscan import LogText
 
 CONFIG = "config.yaml"
@@ -38,10 +42,14 @@ LEASE = "train.lease"
 TB = "tb"
 CHECKPOINTS = "checkpoints"
 SLURM = "slurm"
+HEARTBEAT = "heartbeat"
+STACKS = "stacks"
 MARKERS = (CONFIG, RUN_JSON, TB, EVENTS)  # any one of them makes a folder a run directory
 
 CONFIG_MAX_BYTES = 4 << 20   # a resolved config is a few KiB; anything near this is not one
 JSON_MAX_BYTES = 16 << 20
+STACKS_TAIL_BYTES = 64 << 10  # the newest dumps; a dump of a few dozen threads is a few KiB
+MAX_RANK_FILES = 4096         # heartbeat/stack files read per run (more ranks than any job here has)
 
 
 class UnsafeFile(OSError):
@@ -78,6 +86,27 @@ def checkpoints_dir(run_dir: Path) -> Path:
 
 def slurm_dir(run_dir: Path) -> Path:
     return Path(run_dir) / SLURM
+
+
+def heartbeat_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / HEARTBEAT
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    return heartbeat_dir(run_dir) / f"rank-{int(rank):05d}.json"
+
+
+def stacks_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / STACKS
+
+
+def stack_path(run_dir: Path, rank: int) -> Path:
+    return stacks_dir(run_dir) / f"rank-{int(rank):05d}.txt"
+
+
+def in_job_journal_path(run_dir: Path) -> Path:
+    """The job's own repairs, one JSON line each (written by launch/recovery.py, read by hpc_agent/in_job.py)."""
+    return Path(run_dir) / "journal" / "in_job.jsonl"
 
 
 def is_run_dir(path: Path) -> bool:
@@ -189,3 +218,47 @@ def load_config(run_dir: Path):
     from hpc_agent.config.load import load_snapshot_text
 
     return load_snapshot_text(read_text(config_path(run_dir)), source=str(config_path(run_dir)))
+
+
+# --- what the live job says about itself ----------------------------------------------------------------
+def _rank_files(folder: Path, suffix: str) -> List[Tuple[int, Path]]:
+    """``rank-RRRRR<suffix>`` files of a folder that is not a link, by rank; at most MAX_RANK_FILES."""
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    found: List[Tuple[int, Path]] = []
+    try:
+        with os.scandir(folder) as entries:  # a folder stuffed with names is not read to its end
+            for seen, entry in enumerate(entries):
+                m = re.fullmatch(r"rank-(\d{1,7})" + re.escape(suffix), entry.name)
+                if m:
+                    found.append((int(m.group(1)), folder / entry.name))
+                if len(found) >= MAX_RANK_FILES or seen >= 4 * MAX_RANK_FILES:
+                    break
+    except OSError:
+        return []
+    return sorted(found)
+
+
+def read_heartbeats(run_dir: Path) -> List[heartbeat.Beat]:
+    """Every rank's latest beat, by rank. Links, non-regular, oversized and malformed files are skipped
+    (a half-written beat cannot be seen: the job replaces the file atomically)."""
+    beats: List[heartbeat.Beat] = []
+    for rank, path in _rank_files(heartbeat_dir(run_dir), ".json"):
+        try:
+            beat = heartbeat.decode(read_bounded(path, heartbeat.MAX_BYTES))
+        except (OSError, ValueError):
+            continue
+        if beat.rank == rank:  # a file copied to another rank's name says nothing about that rank
+            beats.append(beat)
+    return beats
+
+
+def read_stacks(run_dir: Path) -> Dict[int, str]:
+    """rank -> the last STACKS_TAIL_BYTES of its stack file (header line and faulthandler dumps)."""
+    stacks: Dict[int, str] = {}
+    for rank, path in _rank_files(stacks_dir(run_dir), ".txt"):
+        try:
+            stacks[rank] = read_tail(path, STACKS_TAIL_BYTES)[0]
+        except OSError:
+            continue
+    return stacks

@@ -16,7 +16,8 @@ from hpc_agent import rundir
 from hpc_agent.ledger import LEDGER_FILE
 from hpc_agent.lifecycle import TERMINAL, Phase
 from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
-from hpc_agent.review_plot import boundary_labels
+from hpc_agent.review_live import read_live
+from hpc_agent.review_plot import boundary_labels, in_job_markers, is_notice
 
 LOSS, LR, STEP_TIME, SAMPLES = "train/loss", "train/lr", "perf/step_time_s", "perf/samples_per_s"
 PLOT_TAGS = (LOSS, LR, SAMPLES)
@@ -111,6 +112,46 @@ def _iso_to_ts(text: Any) -> Optional[float]:
         return None
 
 
+def decision_list(rows: List[Any], events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The run's decisions, oldest first, from its audit trail (events.jsonl): the watcher's (one per ended
+    attempt, or a hang) and the job's own repairs inside its allocation (``decided_in == "job"``,
+    ``hpc_agent.in_job``), marked ``in_job``. Both number attempts run-wide from 1. The ledger's decision
+    rows (numbered within their Slurm job) stand in only where events.jsonl holds none. For the watcher's
+    action records ``decided_in`` is the seq of the decision carried out, not a place: they are not listed."""
+    out = []
+    for e in events:
+        decision = e.get("decision") if isinstance(e.get("decision"), dict) else None
+        in_job = e.get("decided_in") == "job"
+        if "by" in e or not (decision is not None or in_job):
+            continue
+        decision = decision or {}
+        out.append({"job_id": e.get("job_id"), "attempt": e.get("attempt"),
+                    "cause": e.get("cause") or decision.get("cause"),
+                    "action": decision.get("action") or e.get("action"),
+                    "reason": decision.get("reason") or e.get("reason") or "", "patch": decision.get("patch") or {},
+                    "in_job": in_job, "step": e.get("step") if in_job else None})
+    if out or not rows:
+        return out
+    return [{"job_id": d.job_id, "attempt": d.attempt + 1, "cause": d.cause, "action": d.action, "reason": d.reason,
+             "patch": d.patch, "in_job": False, "step": None} for d in rows]
+
+
+def _step_tag(scalars: Scalars) -> str:
+    """The tag logged once per optimizer step: the step time, or the loss in older runs."""
+    return STEP_TIME if scalars.raw(STEP_TIME) else LOSS
+
+
+def tb_last_step(scalars: Scalars) -> Optional[Tuple[int, float]]:
+    """``(step, wall time)`` of the newest step TensorBoard has (of the attempt that wins each step)."""
+    last = max(scalars.series(_step_tag(scalars)), key=lambda p: (p.wall_time, p.step), default=None)
+    return (last.step, last.wall_time) if last is not None else None
+
+
+def live_status(run_dir: Path, phase: str, now: float, attempt_started_at: Optional[float]) -> Dict[str, Any]:
+    """What ``review`` says about a live run, for a caller without a review at hand (``diagnose``)."""
+    return read_live(run_dir, phase, now, tb_last_step(Scalars(rundir.tb_dir(run_dir))), attempt_started_at)
+
+
 # --- one run ----------------------------------------------------------------------------------------------
 def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[float] = None) -> Dict[str, Any]:
     """Everything the table, the JSON and the plot show for one run."""
@@ -119,7 +160,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
     info = _read_json(rundir.run_json_path(run_dir))
     run_id = info.get("run_id") or run_dir.name
     events = read_events(run_dir)
-    phase, created_at, submissions, decision_causes = None, None, [], []
+    phase, created_at, submissions, decision_rows = None, None, [], []
     ledger = _ledger(runs_root)
     if ledger is not None:
         try:
@@ -128,7 +169,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
             if row is not None:
                 run_id, phase, created_at = row.run_id, row.phase, row.created_at
                 submissions = ledger.submissions(run_id)
-                decision_causes = [d.cause for d in ledger.decisions(run_id)]
+                decision_rows = ledger.decisions(run_id)
         finally:
             ledger.close()
     if phase is None:
@@ -142,7 +183,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
 
     scalars = Scalars(rundir.tb_dir(run_dir))
     loss = scalars.series(LOSS)
-    step_tag = STEP_TIME if scalars.raw(STEP_TIME) else LOSS
+    step_tag = _step_tag(scalars)
     raw_steps = scalars.raw(step_tag)
     winning_steps = scalars.series(step_tag)
     steps_lost = len(raw_steps) - len(winning_steps)  # points a later attempt overwrote
@@ -181,7 +222,13 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
     if start is not None and end is not None and end > start:
         ettr = round(min(1.0, productive / (end - start)), 4)
     samples = [p.value for p in scalars.series(SAMPLES)]
-    causes = sorted({str(e["cause"]) for e in events if e.get("cause")} | set(decision_causes))
+    causes = sorted({str(e["cause"]) for e in events if e.get("cause") and not is_notice(e)}
+                    | {d.cause for d in decision_rows})
+    live = None
+    if phase in LIVE_PHASES:
+        latest = submissions[-1] if submissions else None
+        live = read_live(run_dir, phase, now, tb_last_step(scalars),
+                         (latest.submitted_at or latest.intent_at) if latest else None)
     return {
         "run_id": run_id, "run_dir": str(run_dir), "phase": phase, "attempts": attempts, "causes": causes,
         "step": loss[-1].step if loss else None, "max_steps": max_steps,
@@ -190,7 +237,8 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
         "last_loss": loss[-1].value if loss else None,
         "throughput": round(statistics.median(samples), 3) if samples else None,
         "productive_s": round(productive, 3), "wall_s": round(end - start, 3) if ettr is not None else None,
-        "ettr": ettr, "steps_lost": steps_lost, "boundaries": boundaries,
+        "ettr": ettr, "steps_lost": steps_lost, "boundaries": boundaries, "live": live,
+        "decisions": decision_list(decision_rows, events), "in_job": in_job_markers(events),
         "notes": scalars.problems(),  # event files not read: links out of the run dir, corrupt records
         "_curves": {**{tag: [(p.step, p.wall_time, p.value) for p in scalars.series(tag)] for tag in PLOT_TAGS},
                     "lost_loss": [(p.step, p.wall_time, p.value) for p in lost_loss]},

@@ -21,9 +21,9 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from hpc_agent import killswitch
+from hpc_agent import handback, killswitch
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.filemodes import make_dir
 from hpc_agent.ledger import LEDGER_FILE, Ledger
@@ -85,10 +85,14 @@ class _Stop:
         self.requested = True
 
 
-def _sleep(seconds: float, stop: _Stop) -> None:
+def _sleep(seconds: float, stop: _Stop, woken: Callable[[], bool] = lambda: False) -> bool:
+    """Sleep; True when ``woken()`` ended it early (checked every 50 ms: one stat)."""
     deadline = time.monotonic() + seconds
     while not stop.requested and time.monotonic() < deadline:
-        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        if woken():
+            return True
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    return False
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -178,15 +182,22 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
         if not watcher.paused():
             watcher.reconcile()
         backoff, ticks = args.interval, 0
+        wake = handback.WakeFile(runs_root)  # a job's batch shell touches it right after its requeue
+        fast_until = 0.0
         while not stop.requested:
             report = watcher.tick()
             ticks += 1
             sys.stdout.flush()
             if args.once or (args.max_ticks and ticks >= args.max_ticks):
                 break
-            # Back off while Slurm does not answer (never hammer a struggling slurmctld), reset when it does.
-            backoff = min(backoff * 2, MAX_BACKOFF_S) if report.unknown else args.interval
-            _sleep_renewing(backoff, stop, lease)
+            # Back off while Slurm does not answer (never hammer a struggling slurmctld), reset when it does;
+            # poll fast while a job is between its requeue and its expedite (hpc_agent/handback.py).
+            # sacct can lag slurmctld by a second or more, so a wake also means a few seconds of fast polling.
+            hot = report.handing_back or time.monotonic() < fast_until
+            fast = min(args.interval, handback.FAST_POLL_S) if hot else args.interval
+            backoff = min(backoff * 2, MAX_BACKOFF_S) if report.unknown else fast
+            if _sleep_renewing(backoff, stop, lease, wake.touched):
+                fast_until = time.monotonic() + handback.FAST_WINDOW_S
     except LeaseLost as exc:
         print(f"[watch] {exc}", file=sys.stderr, flush=True)
         return EXIT_LOCKED
@@ -196,14 +207,17 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
     return EXIT_OK
 
 
-def _sleep_renewing(seconds: float, stop: "_Stop", lease) -> None:
-    """Sleep, renewing the lease at least every third of its TTL (a long --interval must not lose it)."""
+def _sleep_renewing(seconds: float, stop: "_Stop", lease, woken: Callable[[], bool] = lambda: False) -> bool:
+    """Sleep, renewing the lease at least every third of its TTL (a long --interval must not lose it); end
+    early, returning True, when ``woken()`` says so."""
     step = seconds if lease is None else max(0.5, min(seconds, lease.ttl_s / 3))
     deadline = time.monotonic() + seconds
     while not stop.requested and time.monotonic() < deadline:
-        _sleep(min(step, deadline - time.monotonic()), stop)
+        if _sleep(min(step, deadline - time.monotonic()), stop, woken):
+            return True
         if lease is not None and not stop.requested and time.monotonic() < deadline:
             lease.renew()
+    return False
 
 
 if __name__ == "__main__":

@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from hpc_agent import effects, killswitch, observe
-from hpc_agent.follow import NOT_ASKED, Observation, Outcome, RunState, Wants, follow, wants
+from hpc_agent import effects, killswitch, observe, rundir
+from hpc_agent.config.problems import ConfigError
+from hpc_agent.follow import NOT_ASKED, Live, Observation, Outcome, RunState, Suspicion, Wants, follow, wants
+from hpc_agent.handback import handing_back
+from hpc_agent.in_job import InJobIngest
 from hpc_agent.job_match import Claim, own_attempts
 from hpc_agent.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
 from hpc_agent.ledger import Ledger, Run
@@ -38,6 +41,7 @@ class TickReport:
     runs: int = 0
     unknown: bool = False
     paused: bool = False
+    handing_back: bool = False  # a job is being requeued and not yet expedited: poll fast (hpc_agent/handback.py)
     parked: List[str] = field(default_factory=list)
     lines: List[str] = field(default_factory=list)
 
@@ -63,6 +67,8 @@ class Watcher:
         self._own: Dict[str, Any] = {}  # job id -> (sacct's attempts, claim, the run's own): reused while unchanged
         self._said_foreign: set = set()
         self._scalars: Dict[str, Any] = {}  # per run, kept between ticks: each tick reads only new TB bytes
+        self.in_job = InJobIngest(ledger, self.journal, self._say)  # the job's own repairs (hpc_agent/in_job.py)
+        self._settings: Dict[str, Any] = {}  # job id -> its run's (resilience settings, watch.enabled)
 
     def paused(self) -> bool:
         return killswitch.is_paused(self.pause_file)
@@ -102,7 +108,9 @@ class Watcher:
                                        self._sacct, self._source)
         if found is None:
             return report
+        now = self.clock()
         decided, expedited = self.ledger.attempt_marks(LIVE_PHASES)
+        suspicions = self.ledger.suspicions(LIVE_PHASES)
         busy = self.journal.pending_runs()
         for run_id, phase, job_id, intent_at in rows:
             attempts = found.get(job_id)
@@ -117,12 +125,21 @@ class Watcher:
                 continue  # only other jobs' records under this id: the run's job is not in sacct yet (unknown)
             if report.paused:  # the kill switch, honoured between runs too (checked before every action)
                 break
-            marks = (phase, job_id, decided.get(job_id), expedited.get(job_id))
+            hang = suspicions.get(job_id)
+            marks = (phase, job_id, decided.get(job_id), expedited.get(job_id), hang and hang[:2])
+            report.handing_back |= handing_back(attempts[-1].state, len(attempts), marks[3] or ())
             quiet = self._quiet.get(run_id)
-            if quiet is not None and quiet[1] is attempts and quiet[0] == marks:
+            if quiet is not None and quiet[1] is attempts and quiet[0] == marks and (quiet[2] is None or now < quiet[2]):
                 continue  # the same inputs as a tick that decided nothing: follow() is pure, so nothing again
+                # (a running attempt's heartbeats are judged again once quiet[2] passes: every heartbeat_s)
+            if not self.dry_run:
+                # The job's own repairs, audited before any decision on the attempt's end. Past the quiet-run
+                # shortcut: a running run is looked at again every heartbeat_s / 2 and an ended one as soon as
+                # sacct's answer changes, so 10,000 followed runs do not cost 10,000 lstat calls a tick.
+                self.in_job.tick(run_id)
             state = RunState(run_id, Phase(phase), job_id, decided=frozenset(marks[2] or ()),
-                             expedited=frozenset(marks[3] or ()))
+                             expedited=frozenset(marks[3] or ()),
+                             suspicion=Suspicion(job_id, *hang) if hang else None)
             run = self.ledger.run(run_id)
             self._guarded(run, job_id, lambda: self._follow(run, state, attempts, marks))
         if not self.dry_run:
@@ -171,6 +188,18 @@ class Watcher:
             commit_or_skip(self.journal, run.run_id, current.value, Outcome(
                 phase, audit=({"job_id": job_id, "action": "needs_attention", "reason": reason},)))
 
+    def _live(self, run: Run, state: RunState, attempt, with_stacks: bool) -> Optional[Live]:
+        """The running attempt's heartbeats judged with the run's own ``resilience:`` settings (its config
+        snapshot, read once per job id); None when the config cannot be read (the job's end will say why)."""
+        known = self._settings.get(state.job_id)
+        if known is None:
+            try:
+                cfg = rundir.load_config(Path(run.run_dir))
+            except (OSError, ConfigError):
+                return None
+            known = self._settings[state.job_id] = (cfg.resilience, cfg.watch.enabled)
+        return observe.read_live(Path(run.run_dir), attempt, known[0], self.clock(), with_stacks, known[1])
+
     def _follow(self, run: Run, state: RunState, attempts, marks) -> None:
         want = wants(state, attempts)
         if want.files or state.phase is Phase.RECOVERING:
@@ -181,14 +210,21 @@ class Watcher:
             scalars = self._scalars.get(run.run_id) or observe.scalars_for(Path(run.run_dir))
             self._scalars[run.run_id] = scalars
             files = observe.read_files(Path(run.run_dir), state.job_id, scalars)
-        outcome = follow(state, Observation(tuple(attempts), queue, files), self.limits)
-        if want == Wants() and not outcome.ask_queue and outcome == Outcome(state.phase):
-            self._quiet[run.run_id] = (marks, attempts)
+        live = self._live(run, state, attempts[-1], want.stacks) if want.live else None
+        outcome = follow(state, Observation(tuple(attempts), queue, files, live), self.limits)
+        if want in (Wants(), Wants(live=True)) and not outcome.ask_queue and outcome == Outcome(state.phase):
+            # A running attempt's verdict can change only as its heartbeats do: look again after half a heartbeat
+            # (half: a tick period equal to heartbeat_s must not skip every other look), a minute when its
+            # settings could not be read; not on every tick of every running run.
+            known = self._settings.get(state.job_id)
+            again = self.clock() + (float(known[0].heartbeat_s) / 2 if known is not None else 60.0) \
+                if want.live else None
+            self._quiet[run.run_id] = (marks, attempts, again)
             return
         self._quiet.pop(run.run_id, None)
         if outcome.ask_queue:
             queue = queue_state(self.slurm, state.job_id)
-            outcome = follow(state, Observation(tuple(attempts), queue, files), self.limits)
+            outcome = follow(state, Observation(tuple(attempts), queue, files, live), self.limits)
         if outcome.wait_note is not None and (state.job_id, outcome.wait_note) in self._said_wait:
             return  # say it once, not every tick
         if outcome.wait_note is not None:

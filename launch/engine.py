@@ -12,54 +12,27 @@ accumulation boundary (``backward`` also divides the loss by the accumulation st
 from __future__ import annotations
 
 import functools
-import math
-import random
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hpc_agent import rundir
-from launch import checkpoint, exitcodes, universal
+from launch import checkpoint, exitcodes, heartbeat, universal
 from launch.distributed import Collectives, DistEnv
 from launch.dsconfig import build_ds_config
 from launch.chaos_trigger import RuntimeTrigger
 from launch.faults import Faults
+from launch.recovery import CONTINUE, InJobRecovery, adopt_configured_lr, agree, repair_in_place
+from launch.rng import rng_state, seed as seed_rng, set_rng_state
 from launch.gpu_health import GpuHealthMonitor, simulated_reader
 from launch.schedule import lr_factor
 from launch.signals import StopRequest, signal_name
+from launch.snapshot import Snapshots
 from launch.tblog import TBLog, attempt_number, peak_memory_bytes
 
 
 def say(text: str) -> None:
     print(f"[hpc_agent] {text}", flush=True)
-
-
-def _rng_state(on_cuda: bool) -> Dict[str, Any]:
-    import numpy as np
-    import torch
-
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if on_cuda else None}
-
-
-def _set_rng_state(state: Dict[str, Any], on_cuda: bool) -> None:
-    import numpy as np
-    import torch
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if on_cuda and state.get("cuda") is not None:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _seed(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _as_float(value: Any) -> Optional[float]:
@@ -91,9 +64,10 @@ class Trainer:
         self.device = torch.device("cuda", denv.local_rank) if on_cuda else torch.device("cpu")
         self.coll = Collectives(self.device)
         self.ckpt_root = rundir.checkpoints_dir(self.run_dir)
-        self.layout = universal.layout_of(self.t, self.world, precision)
-        self.G = self.t.micro_batch_size * self.t.grad_accum_steps * self.world
-        self.faults = Faults(cfg.faults, self.t.micro_batch_size, self.rank, attempt_number(rundir.tb_dir(self.run_dir)))
+        self.attempt = attempt_number(rundir.tb_dir(self.run_dir))
+        # In-job repairs (launch/recovery.py); a requeued attempt starts with its job's earlier repairs.
+        self.recovery = InJobRecovery(cfg, self.run_dir, self.rank, self.attempt, self.coll, say)
+        self._configure(cfg, self.recovery.carried)
         # The check is a collective, so its schedule must be the same on every rank: with the simulated
         # fault it runs every step everywhere, while only rank 0 reads the simulated GPU.
         simulated = cfg.faults.gpu_critical_at_step if self.faults.armed else 0
@@ -102,10 +76,25 @@ class Trainer:
                                        if simulated and self.rank == 0 else None)
         # The chaos driver's run-time faults (chaos/inject.json); a no-op unless faults.runtime_trigger.
         self.trigger = RuntimeTrigger(self.run_dir, self.rank, bool(getattr(cfg.faults, "runtime_trigger", False)))
+        self.snapshots = Snapshots(cfg.resilience.snapshot_every, self.ckpt_root, self.rank, self.world, self.layout,
+                                   self.t.keep_checkpoints, self.coll.max_int, say)  # launch/snapshot.py
         self.engine: Any = None
         self.tb: Optional[TBLog] = None
         self.step = 0  # optimizer steps completed
         self.saved_step = -1  # last step with a complete checkpoint written or loaded by this attempt
+
+    def _configure(self, cfg: Any, patch: Dict[str, Any]) -> None:
+        """Adopt ``cfg`` with an in-job repair's ``patch`` (the global batch G stays what it was)."""
+        if patch:
+            from hpc_agent.policy import apply_patch
+
+            cfg = apply_patch(cfg, patch)
+            if self.rank == 0:
+                say("in-job repair settings: " + ", ".join(f"{k}={v}" for k, v in patch.items()))
+        self.cfg, self.t = cfg, cfg.train
+        self.layout = universal.layout_of(self.t, self.world, self.precision)
+        self.G = self.t.micro_batch_size * self.t.grad_accum_steps * self.world
+        self.faults = Faults(cfg.faults, self.t.micro_batch_size, self.rank, self.attempt)
 
     def _estimate_bytes(self) -> int:
         """The per-GPU memory estimate, only when a simulated GPU capacity (a fault) needs it."""
@@ -118,16 +107,30 @@ class Trainer:
     # ---- build and resume --------------------------------------------------------------------
     def setup(self) -> int:
         """Build the workload and engine, resume if a checkpoint exists; returns an exit code (0 = go)."""
+        code = self._build()
+        if code != exitcodes.OK or self.step >= self.t.max_steps:
+            return code  # train() says so; no event file for an attempt that trains nothing
+        self.tb = TBLog(self.run_dir, self.rank, self.step, self.config_text)
+        if self.rank == 0:
+            say(f"attempt {self.tb.attempt}: training steps {self.step + 1}..{self.t.max_steps}, global batch "
+                f"{self.G} = {self.t.micro_batch_size} x {self.t.grad_accum_steps} x {self.world} ranks, "
+                f"ZeRO-{self.t.zero_stage}, {self.precision}, device {self.device}")
+        return exitcodes.OK
+
+    def _build(self) -> int:
+        """The workload, the engine, and the newest usable checkpoint loaded (at start-up and after an in-job
+        repair); an exit code (0 = go)."""
         import deepspeed
         import torch
         from launch.workloads import build_workload
 
-        _seed(self.t.seed)
+        seed_rng(self.t.seed)
         self.workload = build_workload(self.cfg, self.device)
         model = self.workload.model
         self.faults.install(model, self._estimate_bytes())
         names = [n for n, p in model.named_parameters() if p.requires_grad]
 
+        heartbeat.current().phase("loading")
         choice = self._choose_checkpoint()
         plan = None
         if choice is not None:
@@ -157,17 +160,12 @@ class Trainer:
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule), dist_init_required=False)
         # FP32 ZeRO-0 uses the bare torch optimizer, which reports no gradient norm: we compute it.
         self.manual_grad_norm = self.t.zero_stage == 0 and self.precision == "fp32"
-        _seed(self.t.seed + 1000 * self.rank)  # distinct dropout streams per rank from here on
+        seed_rng(self.t.seed + 1000 * self.rank)  # distinct dropout streams per rank from here on
 
+        self.step, self.saved_step = 0, -1  # no checkpoint left (a rollback before the first): start over
         if tag is not None:
             self._load(load_dir, tag, needs_universal)
-        if self.step >= self.t.max_steps:
-            return exitcodes.OK  # train() says so; no event file for an attempt that trains nothing
-        self.tb = TBLog(self.run_dir, self.rank, self.step, self.config_text)
-        if self.rank == 0:
-            say(f"attempt {self.tb.attempt}: training steps {self.step + 1}..{self.t.max_steps}, global batch "
-                f"{self.G} = {self.t.micro_batch_size} x {self.t.grad_accum_steps} x {self.world} ranks, "
-                f"ZeRO-{self.t.zero_stage}, {self.precision}, device {self.device}")
+        heartbeat.current().resumed_at(self.step)
         return exitcodes.OK
 
     def _choose_checkpoint(self) -> Optional[Dict[str, Any]]:
@@ -186,11 +184,13 @@ class Trainer:
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {load_dir}")
         self.step = self.saved_step = int(client["step"])
+        if adopt_configured_lr(self.engine, self.t.lr) and self.rank == 0:
+            say(f"learning rate from the config: train.lr {self.t.lr:g} (the checkpoint had another)")
         rng = client.get("rng") or []
         if len(rng) == self.world:
-            _set_rng_state(rng[self.rank], self.on_cuda)
+            set_rng_state(rng[self.rank], self.on_cuda)
         else:  # other world size: no per-rank state to take over; reseed deterministically
-            _seed(self.t.seed + 1000 * self.rank + 7919 * self.step)
+            seed_rng(self.t.seed + 1000 * self.rank + 7919 * self.step)
         if was_converted:
             self.coll.barrier()
             if self.rank == 0:
@@ -202,54 +202,77 @@ class Trainer:
 
     # ---- train -------------------------------------------------------------------------------
     def train(self) -> int:
-        t, engine = self.t, self.engine
-        if self.step >= t.max_steps:
+        if self.step >= self.t.max_steps:
             if self.rank == 0:
-                say(f"already trained {self.step} of {t.max_steps} steps: nothing to do")
+                say(f"already trained {self.step} of {self.t.max_steps} steps: nothing to do")
             return exitcodes.OK
         if self._gpu_health(self.step, first=True):
             return exitcodes.GPU_CRITICAL
-        for s in range(self.step, t.max_steps):
-            step = s + 1
-            self.faults.before_step(step)
-            self.trigger.before_step(step)
-            started = time.perf_counter()
-            lr = engine.get_lr()[0]
-            loss_total, grad_norm = 0.0, None
-            for m in range(t.grad_accum_steps):
-                if self.stop.agreed(self.coll.max_int):
-                    return self._save_and_exit()
-                start = s * self.G + (m * self.world + self.rank) * t.micro_batch_size
-                batch = {k: v.to(self.device) for k, v in self.workload.batch(start, t.micro_batch_size).items()}
-                loss = self.trigger.loss(self.faults.loss(step, self.workload.loss(engine, batch)))
-                engine.backward(loss)
-                if self.manual_grad_norm and engine.is_gradient_accumulation_boundary():
-                    grad_norm = self._grad_norm()
-                engine.step()
-                loss_total += float(loss.detach().float().item())
-            self.step = step
-            elapsed = time.perf_counter() - started
-            loss_mean = self.coll.mean(loss_total / t.grad_accum_steps)
-            if grad_norm is None:
-                grad_norm = _as_float(engine.get_global_grad_norm())
-            if not math.isfinite(loss_mean):
-                self.tb.scalars({"train/loss": loss_mean}, step)
-                say(f"diverged: loss is {loss_mean} at step {step}; no checkpoint written; exiting "
-                    f"{exitcodes.DIVERGED}")
-                return exitcodes.DIVERGED
-            if step % t.log_every == 0 or step == t.max_steps:
-                self._log(step, loss_mean, lr, grad_norm, elapsed)
-            if self._gpu_health(step):
-                return exitcodes.GPU_CRITICAL
-            if t.eval_every and step % t.eval_every == 0 and step != t.max_steps:
-                self._evaluate(step)
-            if step % t.ckpt_every == 0 and step != t.max_steps:
-                self._save()
-        self._evaluate(t.max_steps)
+        while self.step < self.t.max_steps:  # an in-job repair moves self.step back to its checkpoint
+            code = self._train_step(self.step + 1)
+            if code is not None:
+                return code
+        self._evaluate(self.t.max_steps)
         self._save()
         if self.rank == 0:
-            say(f"done: {t.max_steps} steps")
+            say(f"done: {self.t.max_steps} steps")
         return exitcodes.OK
+
+    def _train_step(self, step: int) -> Optional[int]:
+        """One optimizer step (1-based); None to go on (also after an in-job repair), else the exit code."""
+        import torch
+
+        t, engine = self.t, self.engine
+        self.faults.before_step(step)
+        self.trigger.before_step(step)
+        started = time.perf_counter()
+        lr = engine.get_lr()[0]
+        loss_total, grad_norm = 0.0, None
+        for m in range(t.grad_accum_steps):
+            start = (step - 1) * self.G + (m * self.world + self.rank) * t.micro_batch_size
+            batch = {k: v.to(self.device) for k, v in self.workload.batch(start, t.micro_batch_size).items()}
+            oom = ""
+            try:
+                loss = self.trigger.loss(self.faults.loss(step, self.workload.loss(engine, batch)))
+            except torch.OutOfMemoryError as exc:
+                import traceback
+
+                traceback.print_exc()
+                oom, loss = str(exc), None
+                del exc
+            # After the forward: every rank learns whether one ran out of memory (launch/recovery.py).
+            failed, signum = agree(self.stop, self.coll.max_int, bool(oom))
+            if failed:
+                return repair_in_place(self, self.recovery.oom_fault(step, oom))
+            if signum:
+                return self._save_and_exit()
+            engine.backward(loss)
+            if self.manual_grad_norm and engine.is_gradient_accumulation_boundary():
+                grad_norm = self._grad_norm()
+            engine.step()
+            loss_total += float(loss.detach().float().item())
+        elapsed = time.perf_counter() - started
+        loss_mean = self.coll.mean(loss_total / t.grad_accum_steps)
+        scale = _loss_scale(engine) if self.precision == "fp16" else None
+        fault = self.recovery.observe(step, loss_mean, scale, t.min_loss_scale)
+        if fault is not None:
+            code = repair_in_place(self, fault, loss_mean)
+            if code is not CONTINUE:
+                return code
+        self.step = step
+        heartbeat.current().stepped(step, elapsed)
+        if grad_norm is None:
+            grad_norm = _as_float(engine.get_global_grad_norm())
+        if step % t.log_every == 0 or step == t.max_steps:
+            self._log(step, loss_mean, lr, grad_norm, elapsed)
+        if self._gpu_health(step):
+            return exitcodes.GPU_CRITICAL
+        if t.eval_every and step % t.eval_every == 0 and step != t.max_steps:
+            self._evaluate(step)
+        if step % t.ckpt_every == 0 and step != t.max_steps:
+            self._save()
+        self.snapshots.after_step(engine, step, self._client_state, saved=step in (self.saved_step, t.max_steps))
+        return None
 
     def _gpu_health(self, step: int, first: bool = False) -> bool:
         """Read, log and agree on the GPUs' health when due; True means CRITICAL somewhere: stop now."""
@@ -286,7 +309,9 @@ class Trainer:
 
     def _evaluate(self, step: int) -> None:
         # Every rank evaluates: under ZeRO-3 the forward pass gathers parameters collectively.
+        heartbeat.current().phase("evaluating")
         metrics = self.workload.evaluate(self.engine)
+        heartbeat.current().phase("training")
         self.tb.scalars(metrics, step)
         if self.rank == 0:
             say(f"eval at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
@@ -295,16 +320,23 @@ class Trainer:
     def _save(self) -> float:
         if self.saved_step == self.step:
             return 0.0
-        client = {"step": self.step, "data_position": self.step * self.G, "layout": self.layout,
-                  "rng": self.coll.gather_objects(_rng_state(self.on_cuda))}
+        heartbeat.current().phase("saving")
+        self.snapshots.settle(abandon=bool(self.stop.signum))  # preempted: no waiting for a snapshot
+        client = self._client_state()
         tag, seconds = checkpoint.save(self.engine, self.ckpt_root, self.step, client, self.layout, self.rank,
                                        self.coll.barrier, self.coll.gather_objects,
                                        before_marker=self.trigger.before_marker)
         self.saved_step = self.step
+        heartbeat.current().phase("training")
         if self.rank == 0:
             deleted = checkpoint.apply_retention(self.ckpt_root, self.t.keep_checkpoints)
             say(f"checkpoint {tag} complete in {seconds:.1f}s" + (f"; deleted {', '.join(deleted)}" if deleted else ""))
         return seconds
+
+    def _client_state(self) -> Dict[str, Any]:
+        """What a checkpoint or snapshot saves beside DeepSpeed's state (a collective: every rank calls it)."""
+        return {"step": self.step, "data_position": self.step * self.G, "layout": self.layout,
+                "rng": self.coll.gather_objects(rng_state(self.on_cuda))}
 
     def _save_and_exit(self) -> int:
         name = signal_name(self.stop.signum)

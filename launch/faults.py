@@ -10,9 +10,10 @@ apart from real ones. ``host_alloc_mb`` allocates on rank 0 only, so the number 
 from __future__ import annotations
 
 import time
-from typing import Any, List
+from typing import Any, List, Set
 
 _HELD: List[bytearray] = []  # keeps the injected host allocation alive until the process dies
+_NAN_FIRED: Set[int] = set()  # steps whose injected NaN has fired in this process
 
 
 class Faults:
@@ -89,7 +90,9 @@ class Faults:
                 time.sleep(1)
 
     def loss(self, step: int, loss: Any) -> Any:
-        if self.armed and self.cfg.nan_at_step and step == self.cfg.nan_at_step:
+        # Once per process (a transient fault): an in-job rollback that replays the step must not meet it again.
+        if self.armed and self.cfg.nan_at_step and step == self.cfg.nan_at_step and step not in _NAN_FIRED:
+            _NAN_FIRED.add(step)
             self._say(f"making the loss NaN at step {step}")
             return loss * float("nan")
         return loss

@@ -13,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from launch import exitcodes
+from launch import exitcodes, heartbeat, startup
 from launch.signals import StopRequest, hand_back_to_slurm
 
 
@@ -25,9 +25,11 @@ def main(config_path: str, run_dir: str) -> int:
     # Our handlers replace submitit's before anything slow happens; a signal that arrives during
     # start-up is remembered and acted on at the first micro-step.
     stop = StopRequest().install()
+    heartbeat.start(Path(run_dir))  # first: a stall in the imports or the rendezvous shows as "starting"
     try:
         code = _main(config_path, run_dir, stop)
     finally:
+        heartbeat.stop()  # the final beat; ~2 ms, never waits on a dead file system (launch/heartbeat.py)
         stop.uninstall()
     if code == exitcodes.PREEMPTED:
         hand_back_to_slurm(stop.signum, say, lead_s=_signal_lead_s(config_path))
@@ -64,6 +66,8 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
     except ConfigError as exc:
         say(f"invalid config snapshot {config_path}:\n{exc}\nexiting {exitcodes.CONFIG}")
         return exitcodes.CONFIG
+    heartbeat.current().set_interval(cfg.resilience.heartbeat_s)
+    startup.import_muon_lazily()  # DeepSpeed imports it anyway; this way without torch._inductor (~1.2 s)
 
     import torch
 
@@ -92,6 +96,7 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
     refused, lease = run_lease.take(Path(run_dir), denv.rank, distributed.Collectives(device).broadcast_object,
                                     stop, say)
     if refused is not None:
+        heartbeat.stop(final_phase=None)  # the lease holder's heartbeat is the one that counts here
         distributed.shutdown()  # every rank got the same answer: a clean teardown cannot hang
         return refused
     try:

@@ -62,7 +62,8 @@ def halving_case(rng: random.Random, index: int) -> Dict[str, object]:
     knobs = _shape_overrides(rng)
     mbs = int(knobs["train.micro_batch_size"])
     limit = rng.randint(1, mbs - 1)  # any micro-batch above this OOMs
-    knobs.update({"faults.oom_above_micro_batch": limit, "faults.first_attempt_only": False})
+    knobs.update({"faults.oom_above_micro_batch": limit, "faults.first_attempt_only": False,
+                  "resilience.in_job_retries": 0})  # the watcher's repair is what this measures
     return {"id": f"halving-{index:02d}", "ladder": "halving", "overrides": knobs, "limit_micro_batch": limit}
 
 
@@ -82,6 +83,7 @@ def estimator_case(rng: random.Random, index: int, estimate_rungs) -> Optional[D
     if cap_mib * 2**20 < lowest or cap_mib * 2**20 >= start:
         return None
     knobs["faults.gpu_memory_gib"] = cap_mib / 1024
+    knobs["resilience.in_job_retries"] = 0  # the watcher's repair is what this measures
     return {"id": f"estimator-{index:02d}", "ladder": "estimator", "overrides": knobs, "capacity_mib": cap_mib,
             "start_estimate_mib": round(start / 2**20, 3)}
 

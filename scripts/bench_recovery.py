@@ -1,36 +1,49 @@
 """Recovery latency (P1): preemption -> first resumed training step, with the watcher vs Slurm's requeue alone.
 
-    python scripts/bench_recovery.py [--trials 5] [--native-trials N] [--reuse-native OLD.json] [--interval 1]
-                                     [--out results/bench_recovery.json]
+    flock /tmp/hpc_slurm.lock python scripts/bench_recovery.py [--trials 5] [--native-trials N]
+        [--reuse-native OLD.json] [--interval 1] [--partition low|lowcancel] [--hold 20]
+        [--scheduler default|fast] [--out results/bench_recovery.json]
 
-Needs the localhost Slurm (bash scripts/cluster.sh up) and nothing else running on it (hold
-/tmp/hpc_slurm.lock). Each trial submits a fresh 2-node run to the preemptable partition, waits until it
-trains, submits a 2 s job to the high partition that needs every CPU, and times from that submission to
-the first step logged by the resumed attempt. "native" relies on Slurm's own requeue (eligible again
-121 s later); "watcher" runs ``python -m hpc_agent.watch``, which expedites the requeued job. Both modes
-run in the same session, alternating, so the ratio is measured under the same load. A native trial takes
-~130 s: ``--native-trials N`` runs native only in the first N rounds, and ``--reuse-native OLD.json`` adds
-the native trials of an earlier results file to the native figures (marked ``reused_from`` in the JSON;
-the summary then says how many trials are fresh and how many reused).
+Needs the localhost Slurm (bash scripts/cluster.sh up) and nothing else running on it: hold
+/tmp/hpc_slurm.lock. The scenario (issue 17, P1): a fresh 1-node run (one rank) on the 2-node cluster trains
+in the preemptable partition; a job in the high partition that needs every CPU of *that* node and holds it
+``--hold`` seconds (>= 15) preempts it, so the resumed attempt must start on the other node. The clock runs
+from the preemptor's submission to the first step logged by the resumed attempt. "native" relies on Slurm's
+own requeue (eligible again 121 s later); "watcher" runs ``python -m hpc_agent.watch``, which expedites the
+requeued job. Both modes run in the same session, alternating, so the ratio is measured under the same load.
+A native trial takes ~130 s: ``--native-trials N`` runs native only in the first N rounds, and
+``--reuse-native OLD.json`` adds the native trials of an earlier results file to the native figures (marked
+``reused_from`` in the JSON; the summary then says how many trials are fresh and how many reused).
+``--partition lowcancel`` measures a ``PreemptMode=CANCEL`` partition the same way
+(results/bench_recovery_cancel.json).
+
+Slurm's default scheduler settings: the test cluster normally runs ``SchedulerParameters=sched_interval=3,
+bf_interval=3``; with ``--scheduler default`` (the default) this script switches the cluster to Slurm's
+defaults (``scripts/cluster.sh sched default``: the line commented out, ``scontrol reconfigure``) for its
+duration and back to the fast setting when it ends, whatever happens.
 
 Where the time goes: every trial also records a timeline of milestones, from slurmctld's log
 (millisecond timestamps: preemption, allocation of the preempting job, its end, the expedite, the
 requeued job's start), from submitit's log lines in the job (ms), and from the moment this script first
 saw a line in the job's or the watcher's output (polled every 0.05 s). ``breakdown`` turns the
-timeline into consecutive segments; the medians per segment go into the JSON.
+timeline into consecutive segments; the medians per segment go into the JSON. Each trial also records the
+nodes before and after, and the steps redone (the last step logged before the resume minus the resumed
+step: 0 means no step was lost).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import subprocess
 import json
 import re
+import signal
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -41,9 +54,9 @@ POLL_S = 0.05
 
 # Milestones in the order they happen; a trial has a subset (native has no expedite).
 MILESTONES = (
-    ("preemptor_submitted", "the 2 s high-partition job is submitted (clock starts)"),
+    ("preemptor_submitted", "the high-partition job that holds the run's node is submitted (clock starts)"),
     ("signal_seen", "the training job logs the preemption signal (SIGUSR2) and checkpoints"),
-    ("self_requeue_seen", "rank 0 logs its own `scontrol requeue` after the checkpoint"),
+    ("self_requeue_seen", "rank 0 logs that this attempt ends (exit 75; the batch shell requeues)"),
     ("batch_done", "slurmd: the batch step has ended"),
     ("steps_done", "slurmd: the last node's training step has ended (processes gone)"),
     ("requeued", "slurmctld requeues the training job (the nodes are free)"),
@@ -115,6 +128,21 @@ def submitit_milestones(text: str, since: float) -> Dict[str, float]:
         if parse_stamp(stamp) >= since and "torch_deepspeed_imported" not in found:
             found["torch_deepspeed_imported"] = parse_stamp(stamp)
     return found
+
+
+def steps_redone(text: str) -> Dict[str, Optional[int]]:
+    """From the job log of the two attempts: the step the signal's checkpoint saved, the step the resumed
+    attempt started from, the last step logged before the resume, and the steps trained twice."""
+    saved = re.search(r"\[hpc_agent\] signal SIG\w+ at step (\d+)", text)
+    resumed = re.search(r"resumed at step (\d+) ", text)
+    if not resumed:
+        return {"saved_step": int(saved.group(1)) if saved else None, "resumed_step": None,
+                "last_step_before": None, "steps_redone": None}
+    before = [int(m) for m in re.findall(r"\[hpc_agent\] step (\d+) ", text[:resumed.start()])]
+    last = max(before) if before else 0
+    step = int(resumed.group(1))
+    return {"saved_step": int(saved.group(1)) if saved else None, "resumed_step": step, "last_step_before": last,
+            "steps_redone": last - step}
 
 
 def breakdown(times: Dict[str, float]) -> List[Dict[str, object]]:
@@ -202,17 +230,18 @@ def _lines_since(path: Path, offset: int) -> List[str]:
         return handle.read().splitlines()
 
 
-def trial(mode: str, index: int, work: Path, interval: float) -> dict:
-    from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, last_step, log_text,
-                                     preempt_all_nodes, submit, wait_for)
+def trial(mode: str, index: int, work: Path, interval: float, partition: str, hold_s: int) -> dict:
+    from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, job_nodes, last_step, log_text,
+                                     preempt_node, submit, wait_for)
 
     root = work / f"{mode}-{index}"
-    run_dir, job = submit(root, *LONG_RUN, f"run.name={mode}{index}", "slurm.nodes=2", "train.max_steps=100000",
-                          "train.ckpt_every=1000")
+    run_dir, job = submit(root, *LONG_RUN, f"run.name={mode}{index}", "slurm.nodes=1", f"slurm.partition={partition}",
+                          "train.max_steps=100000", "train.ckpt_every=1000")
     watcher = WatcherProcess(root, interval=interval) if mode == "watcher" else None
     try:
         wait_for(lambda: last_step(log_text(run_dir, job)) >= 20, 300, what="training to start")
         before = len(log_text(run_dir, job))
+        first_node = job_nodes(job)
         ctld_offset = SLURMCTLD_LOG.stat().st_size if SLURMCTLD_LOG.exists() else 0
         slurmd_offsets = {p: p.stat().st_size for p in SLURMD_LOGS}
         seen = FirstSeen()
@@ -224,7 +253,7 @@ def trial(mode: str, index: int, work: Path, interval: float) -> dict:
         if watcher:
             seen.add("expedite_seen", watcher.output, r"expedite \(scontrol update StartTime=now")
         t0 = time.time()
-        preemptor = preempt_all_nodes(seconds=2)
+        preemptor = preempt_node(first_node[0], hold_s)
 
         def resumed_step() -> bool:
             seen.poll()
@@ -235,20 +264,31 @@ def trial(mode: str, index: int, work: Path, interval: float) -> dict:
         wait_for(resumed_step, 600, interval=POLL_S, what="the first resumed step")
         t1 = time.time()
         latency = t1 - t0
+        resumed_node = job_nodes(job)
         milestones = {"preemptor_submitted": t0, "first_step_seen": t1, **seen.times}
         milestones.update(submitit_milestones(new_text(), since=t0))
         if SLURMCTLD_LOG.exists():
             milestones.update(slurmctld_milestones(_lines_since(SLURMCTLD_LOG, ctld_offset), job, preemptor, since=t0))
         milestones.update(slurmd_milestones([_lines_since(p, o) for p, o in slurmd_offsets.items()], job, since=t0))
+        steps = steps_redone(log_text(run_dir, job))
     finally:
         if watcher:
             watcher.stop()
         cleanup_jobs(root)
-    print(f"  {mode} trial {index + 1}: {latency:.1f} s", flush=True)
+    print(f"  {mode} trial {index + 1}: {latency:.1f} s, {first_node} -> {resumed_node}, steps redone "
+          f"{steps['steps_redone']}", flush=True)
     for seg in breakdown(milestones):
         print(f"      {seg['seconds']:7.2f} s  {seg['from']} -> {seg['to']}", flush=True)
     return {"mode": mode, "trial": index, "latency_s": round(latency, 2), "job_id": job, "preemptor_id": preemptor,
+            "partition": partition, "nodes_before": first_node, "nodes_after": resumed_node, **steps,
             "milestones": {k: round(v, 3) for k, v in milestones.items()}, "breakdown": breakdown(milestones)}
+
+
+def scheduler(setting: str) -> str:
+    """Switch the localhost cluster's SchedulerParameters (scripts/cluster.sh sched); returns what it says."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "cluster.sh"), "sched", setting], capture_output=True,
+                          text=True, timeout=60, check=True)
+    return proc.stdout.strip().splitlines()[-1]
 
 
 def main() -> int:
@@ -260,6 +300,12 @@ def main() -> int:
                         help="native trials to run (default: --trials); they go in the first rounds")
     parser.add_argument("--reuse-native", default=None,
                         help="an earlier results JSON whose native trials are added to the native figures")
+    parser.add_argument("--partition", default="low",
+                        help="the run's partition: low (PreemptMode=REQUEUE) or lowcancel (PreemptMode=CANCEL)")
+    parser.add_argument("--hold", type=int, default=20, help="seconds the preemptor holds the run's node (>= 15)")
+    parser.add_argument("--scheduler", choices=("default", "fast"), default="default",
+                        help="SchedulerParameters during the benchmark: Slurm's defaults (default) or the test "
+                             "cluster's fast setting; the fast setting is restored at the end either way")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_recovery.json"))
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -274,12 +320,19 @@ def main() -> int:
     t_start = time.time()
     partial = Path(tempfile.gettempdir()) / "bench_recovery.partial.jsonl"
     partial.unlink(missing_ok=True)
-    # a cancelled job may still be writing its log while the directory is removed: not an error
-    with tempfile.TemporaryDirectory(prefix="bench-recovery-", ignore_cleanup_errors=True) as tmp:
-        for i, mode in rounds(args.trials, modes, native_trials):
-            results.append(trial(mode, i, Path(tmp), args.interval))
-            with open(partial, "a") as handle:  # a crash later in the session keeps the trials done so far
-                handle.write(json.dumps(results[-1]) + "\n")
+    # timeout(1)/kill send SIGTERM: end through the finally below, which restores the fast scheduler setting
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    sched_during = scheduler(args.scheduler)
+    print(f"scheduler during the benchmark: {sched_during}", flush=True)
+    try:
+        # a cancelled job may still be writing its log while the directory is removed: not an error
+        with tempfile.TemporaryDirectory(prefix="bench-recovery-", ignore_cleanup_errors=True) as tmp:
+            for i, mode in rounds(args.trials, modes, native_trials):
+                results.append(trial(mode, i, Path(tmp), args.interval, args.partition, args.hold))
+                with open(partial, "a") as handle:  # a crash later in the session keeps the trials done so far
+                    handle.write(json.dumps(results[-1]) + "\n")
+    finally:
+        print(f"scheduler restored: {scheduler('fast')}", flush=True)
     wall_s = round(time.time() - t_start, 1)
     fresh = list(results)
     results += reused
@@ -298,7 +351,11 @@ def main() -> int:
         summary["speedup_native_over_watcher"] = round(summary["native"]["median_s"] / summary["watcher"]["median_s"], 1)
     out = {"benchmark": "recovery latency (preemption -> first resumed step)",
            "clock": "starts when the preempting job is submitted, stops when the resumed attempt's first step is logged",
-           "watcher_interval_s": args.interval, "summary": summary,
+           "scenario": f"1-node run in partition {args.partition} on the 2-node cluster; a high-partition job holds "
+                       f"its node {args.hold} s, so the resumed attempt starts on the other node",
+           "scheduler_parameters": sched_during, "watcher_interval_s": args.interval, "summary": summary,
+           "steps_redone": [r.get("steps_redone") for r in fresh],
+           "resumed_on_other_node": [r.get("nodes_after") != r.get("nodes_before") for r in fresh],
            "median_time_to_milestone_s": {m: segment_medians(results, m) for m in summary if m in modes},
            "median_segments": {m: median_segments(results, m) for m in summary if m in modes},
            "milestones": dict(MILESTONES), "trials": results, "bench_wall_s": wall_s,

@@ -103,6 +103,14 @@ Commands:
                      NODE_FAIL (or requeues them) after SlurmdTimeout.
   start-node NODE    (re)start the slurmd of NODE, wait until it answers and
                      RESUME it if it is still DOWN/DRAINED.
+  sched fast|default|show
+                     switch slurm.conf's SchedulerParameters between the
+                     fast test setting (sched_interval=3,bf_interval=3) and
+                     Slurm's defaults (the line commented out), then
+                     'scontrol reconfigure' (no daemon restart; 'up' still
+                     sees an unchanged conf after 'sched fast'). Benchmarks
+                     that must run on Slurm's defaults use it, holding
+                     /tmp/hpc_slurm.lock.
   -h, --help         this text.
 
 Environment knobs (current value):
@@ -828,6 +836,35 @@ cmd_kill_node() {
     ((only)) || kill_node_jobs "$n"
 }
 
+# The fast test setting of SchedulerParameters, as slurm_conf writes it, and the same line commented out
+# (Slurm's defaults: sched_interval=60, bf_interval=30).
+SCHED_FAST_LINE='SchedulerParameters=sched_interval=3,bf_interval=3'
+SCHED_DEFAULT_LINE="#$SCHED_FAST_LINE  # cluster.sh sched default: Slurm's defaults"
+
+cmd_sched() {
+    local want=${1:-show} from to
+    require_root
+    [[ -f $SLURM_CONF_FILE ]] || die "no $SLURM_CONF_FILE: run 'up' first"
+    case $want in
+        show) scontrol show config | grep -E '^SchedulerParameters' ; return 0 ;;
+        fast) from=$SCHED_DEFAULT_LINE to=$SCHED_FAST_LINE ;;
+        default) from=$SCHED_FAST_LINE to=$SCHED_DEFAULT_LINE ;;
+        *) die "usage: sched fast|default|show" ;;
+    esac
+    if grep -qxF "$to" "$SLURM_CONF_FILE"; then
+        say "SchedulerParameters already $want"
+    else
+        grep -qxF "$from" "$SLURM_CONF_FILE" || die "no line '$from' in $SLURM_CONF_FILE"
+        local tmp
+        tmp=$(mktemp "$SLURM_CONF_FILE.XXXXXX")
+        awk -v from="$from" -v to="$to" '$0 == from { print to; next } { print }' "$SLURM_CONF_FILE" >"$tmp"
+        chmod 644 "$tmp"
+        mv "$tmp" "$SLURM_CONF_FILE"
+    fi
+    scontrol reconfigure
+    say "SchedulerParameters: $(scontrol show config | sed -n 's/^SchedulerParameters *= *//p')"
+}
+
 cmd_start_node() {
     local n=${1:-}
     require_root
@@ -868,6 +905,7 @@ main() {
         env) cmd_env ;;
         kill-node) cmd_kill_node "$@" ;;
         start-node) cmd_start_node "$@" ;;
+        sched) cmd_sched "$@" ;;
         -h | --help | help) usage ;;
         "") usage >&2; exit 2 ;;
         *) printf 'unknown command: %s\n\n' "$cmd" >&2; usage >&2; exit 2 ;;

@@ -117,3 +117,49 @@ def cleanup_jobs(root: Path) -> None:
            if s.job_id]
     if ids:
         SLURM.run(["scancel", *ids], check=False)
+
+
+def training_pids(job_id: str) -> List[int]:
+    """The pids of a running job's training processes on this host (all nodes of the localhost cluster
+    are this host): those whose environment names the job and a task rank (SLURM_PROCID), not srun,
+    slurmstepd or the batch shell."""
+    found = []
+    want = f"SLURM_JOB_ID={job_id}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if want in env and any(e.startswith(b"SLURM_PROCID=") for e in env) and b"python" in cmdline \
+                and b"srun" not in cmdline.split(b"\0")[0]:
+            found.append(int(proc.name))
+    return sorted(found)
+
+
+def preempt_node(node: str, seconds: int) -> str:
+    """A job in the high partition that needs every CPU of ``node`` for ``seconds``: Slurm preempts what runs
+    there in a lower tier, and a preempted 1-node run can only come back on the other node meanwhile."""
+    out = SLURM.run(["sbatch", "--parsable", "--partition", "high", "--nodes", "1", "--nodelist", node,
+                     "--ntasks-per-node", "2", "--output", "/dev/null", "--wrap", f"sleep {seconds}"]).stdout
+    return out.strip().split(";")[0]
+
+
+def first_attempt_pids(job_id: str) -> List[int]:
+    """Every process on this host (all nodes of the localhost cluster) of the job's *first* attempt: its
+    environment names the job and has no SLURM_RESTART_COUNT (Slurm sets it from the first requeue on).
+    The batch shell, srun and every rank count; slurmstepd (no job environment) does not."""
+    want = f"SLURM_JOB_ID={job_id}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want in env and not any(e.startswith(b"SLURM_RESTART_COUNT=") for e in env):
+            found.append(int(proc.name))
+    return sorted(found)

@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from hpc_agent import audit, effects
-from hpc_agent.follow_model import Cancel, Exclude, Expedite, Outcome, Requeue, Resubmit
+from hpc_agent.follow_model import Cancel, Exclude, Expedite, Outcome, ReleaseLease, Requeue, RequestStacks, Resubmit
 from hpc_agent.journal import Journal
 from hpc_agent.lifecycle import Phase
 from hpc_agent.review_plot import boundary_labels
@@ -29,6 +29,8 @@ CASES = {
     "resubmit": ("failed", lambda job: Resubmit(job, PATCH, "gpu_oom: halve micro_batch"), True),
     "exclude": ("pending", lambda job: Exclude(job, "node1", {"slurm.exclude": "node1"}), True),
     "cancel": ("running", lambda job: Cancel(job), False),
+    "request_stacks": ("running", lambda job: RequestStacks(job), False),  # a hung job (tests/test_follow_hang.py)
+    "release_lease": ("failed", lambda job: ReleaseLease(job), False),
 }
 ACTED = sorted(set(effects._HANDLERS) - set(audit.NOT_ACTIONS))
 

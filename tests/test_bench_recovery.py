@@ -98,3 +98,15 @@ def test_reused_trials_keep_one_mode_and_say_where_they_came_from():
                       {"mode": "native", "latency_s": 129.0, "reused_from": "older.json"}]}
     assert bench.reused_trials(old, "native", "old.json") == [
         {"mode": "native", "latency_s": 130.0, "reused_from": "old.json"}]  # not reused twice over
+
+
+def test_steps_redone_compares_the_last_step_before_the_resume_with_the_resumed_step():
+    log = ("[hpc_agent] step 84 loss 3.1\n[hpc_agent] step 85 loss 3.0\n"
+           "[hpc_agent] signal SIGUSR2 at step 85: checkpoint step_00000085 complete in 0.0s; exiting 75\n"
+           "[hpc_agent] resumed at step 85 (data position 340 samples) from step_00000085\n"
+           "[hpc_agent] step 86 loss 2.9\n")
+    assert bench.steps_redone(log) == {"saved_step": 85, "resumed_step": 85, "last_step_before": 85,
+                                       "steps_redone": 0}
+    hard_kill = "[hpc_agent] step 90 loss 3\n[hpc_agent] resumed at step 80 (data position 1 samples) from x\n"
+    assert bench.steps_redone(hard_kill)["steps_redone"] == 10
+    assert bench.steps_redone("[hpc_agent] step 3 loss 1\n")["resumed_step"] is None

@@ -236,7 +236,32 @@ def test_diagnose_table(case: Case, capsys):
 
 def test_the_table_covers_every_cause():
     assert len(CASES) >= 40
-    assert {c.cause for c in CASES} == set(ALL_CAUSES)
+    # hung needs a live run directory (heartbeats): test_diagnose_names_hung_for_a_live_run_whose_heartbeat_says_so
+    assert {c.cause for c in CASES} | {"hung"} == set(ALL_CAUSES)
+
+
+def test_diagnose_names_hung_for_a_live_run_whose_heartbeat_says_so(capsys, tmp_path):
+    import time
+
+    from hpc_agent import rundir
+    from hpc_agent.config.load import build_config
+    from hpc_agent.heartbeat import Beat, encode
+    from hpc_agent.submission import write_config
+
+    run_dir = tmp_path / "runs" / "gpt-20261130-101500"  # the run id in running.txt's job name
+    write_config(run_dir, build_config([{"run": {"name": "gpt"}}]))
+    now = time.time()
+    beat = Beat("102", 0, 0, 1, "node1", 7, "training", now - 900, 40, now - 600, 0, (0.5,) * 20, now - 900, now, 5.0)
+    rundir.heartbeat_path(run_dir, 0).parent.mkdir(parents=True)
+    rundir.heartbeat_path(run_dir, 0).write_bytes(encode(beat))
+    report = run_json(capsys, "102", "--sacct-file", str(SACCT / "running.txt"), "--runs-root", str(tmp_path / "runs"))
+    assert report["cause"] == "hung" and report["attempts"][-1]["cause"] == "hung", report
+    assert report["evidence"][0].startswith("hung (step): rank 0 of 1 made no step for 600 s after step 40")
+    assert report["decision"]["action"] == "resubmit" and report["decision"]["cause"] == "hung"
+    beat = Beat("102", 0, 0, 1, "node1", 7, "training", now - 900, 40, now - 1, 0, (0.5,) * 20, now - 900, now, 5.0)
+    rundir.heartbeat_path(run_dir, 0).write_bytes(encode(beat))
+    assert run_json(capsys, "102", "--sacct-file", str(SACCT / "running.txt"), "--runs-root",
+                    str(tmp_path / "runs"))["cause"] == "running"  # stepping: not hung
 
 
 # --- TensorBoard alarms ------------------------------------------------------------------------------------

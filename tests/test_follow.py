@@ -137,7 +137,7 @@ def test_exclude_patch_and_decision_row_for_the_failed_node():
 
 
 @pytest.mark.parametrize("run, rows, expected", [
-    (state(), (row("RUNNING"),), Wants()),
+    (state(), (row("RUNNING"),), Wants(live=True)),  # heartbeats only (tests/test_follow_hang.py)
     (state(), (row("PENDING"),), Wants()),
     (state(), (row("REQUEUED"),), Wants(queue=True, files=True)),
     (state(), (row("REQUEUED"), row("PENDING")), Wants(files=True)),

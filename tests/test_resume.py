@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from helpers.common import expect, losses, run, snapshot, start, tb_scalars, wait_for
+from helpers.common import expect, losses, run, snapshot, start, tb_scalars, wait_for, wait_for_snapshot
 from launch import exitcodes, universal
 from launch.checkpoint import MARKER, tag_for
 
@@ -67,6 +67,31 @@ def test_sigkill_after_step20_resumes_bit_exact(tmp_path):
     for step in range(21, 41):
         assert shown[step] == pytest.approx(got[step], abs=1e-5)
     assert tb_scalars(run_dir, "run/attempt") == {1: 0.0, 21: 1.0}
+
+
+@pytest.mark.slow
+def test_sigkill_resumes_bit_exact_from_snapshot(tmp_path):
+    """The same with asynchronous snapshots every 3 steps and no checkpoint before the end: the resume
+    takes the newest complete snapshot, and the losses equal those of a run that took no snapshots (so
+    taking them does not disturb training either)."""
+    train = {"max_steps": 120, "ckpt_every": 1000, "precision": "fp32", "warmup_steps": 5}
+    straight = run(snapshot(tmp_path / "plain.yaml", train=train), tmp_path / "straight")
+    expect(straight, 0, "done: 120 steps")
+
+    cfg = snapshot(tmp_path / "cfg.yaml", train=train, resilience={"snapshot_every": 3})
+    run_dir = tmp_path / "killed"
+    proc = start(cfg, run_dir)
+    wait_for_snapshot(run_dir, 9, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (run_dir / "checkpoints" / tag_for(120)).exists()
+    resumed = run(cfg, run_dir)
+    expect(resumed, 0, "resuming from snapshot snap_", "done: 120 steps")
+    want, got = losses(straight.stdout), losses(resumed.stdout)
+    first = min(got)
+    assert first > 9 and (first - 1) % 3 == 0
+    for step in range(first, 121):
+        assert got[step] == pytest.approx(want[step], abs=1e-6), step
 
 
 @pytest.mark.slow

@@ -149,6 +149,15 @@ def test_cancel_running_and_pending(c):
     assert c.client.run(["scancel", job], check=False).returncode == 0  # cancelling an ended job is silent
 
 
+def test_signal_job_signals_without_ending_it(c):
+    """``SlurmCLI.signal_job`` (the watcher asks a hung job for its stacks with SIGURG): rc 0, the job runs on."""
+    job = running(c, "signal-urg")
+    assert c.client.signal_job(job, "URG").returncode == 0
+    assert queue_state(c.client, job) == "RUNNING"
+    c.client.run(["scancel", job])
+    c.wait_states(job, ["CANCELLED"])
+
+
 # --- requeue, expedite, exclude -------------------------------------------------------------------------
 def test_requeue_then_expedite_then_exclude(c):
     job = running(c, "requeue")

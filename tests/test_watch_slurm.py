@@ -68,7 +68,7 @@ def test_host_oom_is_resubmitted_with_more_memory(root):
 
 def test_gpu_oom_halves_micro_batch_and_training_continues(root):
     run_dir, job = submit(root, *LONG_RUN, "run.name=gpuoom", "train.micro_batch_size=8", "train.max_steps=40",
-                          "train.ckpt_every=10", "faults.oom_above_micro_batch=4")
+                          "train.ckpt_every=10", "faults.oom_above_micro_batch=4", "resilience.in_job_retries=0")
     watcher = WatcherProcess(root)
     try:
         wait_for(lambda: phase(root, run_dir.name) == "completed", 300, what="the run to complete after the OOM")
@@ -139,7 +139,7 @@ def test_code_error_is_not_requeued(root):
 @pytest.mark.parametrize("crash_at", ["after_intent", "after_submit"])
 def test_watcher_killed_mid_decision_never_submits_twice(root, crash_at):
     run_dir, job = submit(root, *LONG_RUN, f"run.name=crash-{crash_at.replace('_', '-')}", "train.max_steps=30", "train.micro_batch_size=8",
-                          "faults.oom_above_micro_batch=4")
+                          "faults.oom_above_micro_batch=4", "resilience.in_job_retries=0")
     crashing = WatcherProcess(root, env={"HPC_AGENT_CRASH_AT": crash_at})
     wait_for(lambda: crashing.proc.poll() is not None, 240, what="the watcher to die at the crash point")
     assert crashing.stop() == -9  # SIGKILL, as a power cut or the OOM killer would
@@ -181,7 +181,7 @@ def test_gpu_oom_ladder_skips_rungs_that_cannot_fit(root):
     # reads the capacity from the OOM message and goes straight to 2 (x4 accumulation).
     run_dir, job = submit(root, *LONG_RUN, "run.name=ladder", "model.d_model=64", "model.seq_len=128",
                           "train.micro_batch_size=8", "train.max_steps=20", "train.ckpt_every=10",
-                          "train.reduce_bucket_size=100000", f"faults.gpu_memory_gib={6 / 1024}")
+                          "train.reduce_bucket_size=100000", f"faults.gpu_memory_gib={6 / 1024}", "resilience.in_job_retries=0")
     watcher = WatcherProcess(root)
     try:
         wait_for(lambda: phase(root, run_dir.name) == "completed", 300, what="the run to complete after the OOM")

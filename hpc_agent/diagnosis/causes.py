@@ -24,6 +24,7 @@ class Cause(str, Enum):
     CODE_ERROR = "code_error"
     ENV_ERROR = "env_error"
     RUN_DIR_BUSY = "run_dir_busy"
+    HUNG = "hung"
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:  # f"{cause}" gives "gpu_oom", not "Cause.GPU_OOM"
@@ -59,6 +60,8 @@ SUMMARY: Dict[str, str] = {
                  "a retry in the same environment fails the same way",
     "run_dir_busy": "another live attempt (another job) holds the run directory's lease: this attempt did not "
                     "train, so the two cannot overwrite each other's checkpoints",
+    "hung": "the job stopped making progress while it still held its nodes (no new step, or no training "
+            "phase, within the hang limit its heartbeat and resilience settings give)",
     "unknown": "the state is unknown (sacct failed or has no record yet)",
 }
 
@@ -85,5 +88,8 @@ ADVICE: Dict[str, str] = {
     "run_dir_busy": "Not requeued: the job named in the evidence is training this run. If it should not be, "
                     "scancel it (it releases the lease as it ends; the lease of a killed job frees itself 60 s "
                     "after its last heartbeat), then resubmit.",
+    "hung": "The watcher asks the ranks for their Python stacks (SIGURG), cancels the attempt and resubmits it from "
+            "the newest checkpoint, excluding a node the evidence points at; a second hang at the same step in "
+            "the same frame is a bug: look at the stuck frame in the evidence.",
     "unknown": "Wait and ask again: a missing sacct answer is not a failure.",
 }

@@ -70,6 +70,12 @@ class SlurmCLI:
             argv.insert(1, "--duplicates")  # -D: every attempt of a requeued job, not only the last
         return self.run(argv).stdout
 
+    def signal_job(self, job_id: str, signal_name: str) -> Result:
+        """``scancel --signal=NAME JOB``: the signal to every step of the job (the ranks: srun's tasks), not
+        its batch script, without ending it (the watcher asks a job's ranks for their stacks this way).
+        Not ``--full``: on 22.05 that signals the batch step *instead of* the job's steps (measured)."""
+        return self.run(signal_argv(job_id, signal_name))
+
     def sacct_probe(self) -> Result:
         """The one ``sacct --json`` probe of a watcher (hpc_agent.observe.SacctSource)."""
         return self.run(JSON_PROBE, check=False)
@@ -83,3 +89,7 @@ def sacct_argv(ids: Sequence[str], fields: Sequence[str], as_json: bool) -> List
     if as_json:
         return ["sacct", "--json", "--jobs", ",".join(ids)]
     return ["sacct", "--parsable2", "--format", ",".join(fields), "--jobs", ",".join(ids)]
+
+
+def signal_argv(job_id: str, signal_name: str) -> List[str]:
+    return ["scancel", f"--signal={signal_name}", str(job_id)]

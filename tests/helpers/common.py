@@ -115,3 +115,22 @@ def expect(result: subprocess.CompletedProcess, code: int, *needles: Sequence[st
     assert result.returncode == code, f"exit {result.returncode}, expected {code}:\n{result.stdout[-4000:]}"
     for needle in needles:
         assert needle in result.stdout, f"{needle!r} not in output:\n{result.stdout[-4000:]}"
+
+
+def wait_for_snapshot(run_dir: Path, at_least: int, proc: subprocess.Popen, timeout: float = 120) -> str:
+    """Wait until a resume would take a complete snapshot (launch/snapshot.py) of step ``at_least`` or
+    later; returns its name."""
+    from hpc_agent.checkpoints import is_snapshot, scan, select
+
+    deadline = time.monotonic() + timeout
+    root = run_dir / "checkpoints"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} before a snapshot:\n"
+                                 + Path(proc.log_path).read_text()[-3000:])  # type: ignore[attr-defined]
+        chosen = select(scan(root)).chosen if root.is_dir() else None
+        if chosen is not None and is_snapshot(chosen.name) and chosen.step >= at_least:
+            return chosen.name
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError(f"no complete snapshot of step >= {at_least} within {timeout}s")

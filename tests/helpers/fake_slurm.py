@@ -220,7 +220,20 @@ class FakeSlurm:
 
     @property
     def cancels(self) -> List[str]:
-        return [a for argv in self.ran("scancel") for a in argv[1:] if not a.startswith("-")]
+        return [a for argv in self.ran("scancel") if not any(a.startswith("--signal") for a in argv)
+                for a in argv[1:] if not a.startswith("-")]
+
+    @property
+    def signals(self) -> List[Tuple[str, str]]:
+        """(job id, signal name) of every ``scancel --signal=NAME`` (it signals; the job goes on)."""
+        return [(a, sig.split("=", 1)[1]) for argv in self.ran("scancel") for sig in argv[1:]
+                if sig.startswith("--signal=") for a in argv[1:] if not a.startswith("-")]
+
+    def signal_job(self, job_id: str, signal_name: str) -> Result:
+        """``SlurmCLI.signal_job``: through :meth:`run`, so the call is recorded like any other."""
+        from hpc_agent.slurm.cli import signal_argv
+
+        return self.run(signal_argv(job_id, signal_name))
 
     @property
     def releases(self) -> List[str]:
@@ -779,6 +792,8 @@ class FakeSlurm:
 
     # --- scancel ------------------------------------------------------------------------------------------
     def _cmd_scancel(self, args: List[str]) -> Tuple[int, str, str]:
+        if any(a.startswith("--signal") for a in args):
+            return 0, "", ""  # only signals the job's processes (recorded in calls); the job goes on
         for spec in (a for a in args if not a.startswith("-")):
             for part in spec.split(","):
                 for job in self._select(part):

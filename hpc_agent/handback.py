@@ -1,0 +1,100 @@
+"""How a preempted attempt hands its job back to Slurm fast: the batch shell requeues it after the step ends.
+
+After SIGUSR2 (a preemption notice or the time-limit warning) every rank writes its part of the checkpoint
+and exits with ``EXIT_SIGNALLED_AFTER_CHECKPOINT`` (75). In the job script hpc_agent renders
+(:func:`batch_requeue_lines`, appended after submitit's ``srun`` line), the batch shell then runs
+``scontrol requeue`` itself. Why not rank 0, before it exits, as submitit does: measured on the localhost
+Slurm 22.05 (scripts/bench_recovery.py), a requeue while the step's tasks still live leaves the step to
+slurmstepd's kill loop, which checks for leftover processes with 1 s sleeps and ends the step ~2.3 s later;
+Slurm requeues the job (and frees its nodes) only then. A requeue issued after the step has ended is done
+in ~0.1 s. The ranks leave the requeue to the batch shell only when :data:`BATCH_REQUEUE_ENV` is set, so a
+user's own script keeps the old in-job requeue.
+
+The batch shell cannot also expedite the requeued job (``scontrol update StartTime=now``): Slurm sets the
+requeued job's begin time (now + 121 s) when the requeue completes, after the batch step is gone, so an
+update issued from inside the job is overwritten (measured). The watcher expedites it: the batch shell touches
+:data:`WAKE_FILE` after the requeue, which ends the watcher's sleep, and the watcher polls every
+:data:`FAST_POLL_S` while a run is between its requeue and its expedite.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
+
+BATCH_REQUEUE_ENV = "HPC_AGENT_BATCH_REQUEUE"
+
+
+def batch_setup_lines() -> List[str]:
+    """Job-script lines before srun: the ranks leave the requeue to the batch shell."""
+    return [f"export {BATCH_REQUEUE_ENV}=1"]
+
+
+def batch_teardown_lines() -> List[str]:
+    """Run right after submitit's srun line: ``$?`` is the step's exit code (the highest of its tasks)."""
+    code = EXIT_SIGNALLED_AFTER_CHECKPOINT
+    return [
+        "hpc_agent_rc=$?",
+        f"# {code}: every rank saved the checkpoint after SIGUSR2 and ended: requeue now (hpc_agent/handback.py)",
+        f'if [ "$hpc_agent_rc" = {code} ]; then',
+        '    hpc_agent_job=$SLURM_JOB_ID',
+        '    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpc_agent_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi',
+        '    if scontrol requeue "$hpc_agent_job"; then',
+        "    " + wake_line(),
+        "    else",
+        '        echo "[hpc_agent] could not requeue job $hpc_agent_job; '
+        f'exiting {code} for the watcher to resume" >&2',
+        "    fi",
+        "fi",
+        'exit "$hpc_agent_rc"',
+    ]
+
+
+# --- waking the watcher -------------------------------------------------------------------------------
+WAKE_FILE = "watch.wake"
+"""In the runs root (each run dir's parent). The batch shell touches it right after its requeue, so the watcher
+ends its sleep and expedites the requeued job within a fraction of a second instead of up to ``--interval``
+later. The watcher only compares its mtime (never reads it, never follows a link): a job can make it tick
+early, nothing more."""
+FAST_POLL_S = 0.25
+"""The watcher's interval while a run is between its requeue and its expedite (:func:`handing_back`)."""
+FAST_WINDOW_S = 5.0
+"""...and for this long after the wake file was touched: sacct, which :func:`handing_back` reads, can show the
+requeue a second or more after slurmctld did it."""
+
+
+def wake_line() -> str:
+    """The teardown line that touches the wake file (the run dir comes from the template's setup lines)."""
+    return f'    if [ -n "${{HPC_AGENT_RUN_DIR:-}}" ]; then : > "$HPC_AGENT_RUN_DIR/../{WAKE_FILE}" 2>/dev/null; fi'
+
+
+def handing_back(latest_state: str, attempts: int, expedited) -> bool:
+    """Whether a run's job is being requeued by Slurm and not yet expedited: sacct's newest attempt is
+    REQUEUED and the attempt after it (index ``attempts``) has no expedite mark yet."""
+    return latest_state == "REQUEUED" and attempts not in expedited
+
+
+class WakeFile:
+    """Notices when :data:`WAKE_FILE` in ``runs_root`` was touched since the last call."""
+
+    def __init__(self, runs_root) -> None:
+        import os
+
+        self._path = os.path.join(str(runs_root), WAKE_FILE)
+        self._seen = self._stamp()
+
+    def _stamp(self):
+        import os
+
+        try:
+            st = os.lstat(self._path)  # lstat: a link is not followed, only its own mtime counts
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def touched(self) -> bool:
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return False
+        self._seen = stamp
+        return stamp is not None

@@ -1,0 +1,251 @@
+"""Asynchronous snapshots: a checkpoint every few steps that costs the training loop only a host copy.
+
+A SIGKILL or a node failure gives the job no warning, so everything since the last checkpoint is lost.
+Snapshots shorten that: every ``resilience.snapshot_every`` optimizer steps each rank
+
+1. (main thread, at the step boundary, on every rank together) runs DeepSpeed's own
+   ``engine.save_checkpoint`` with its checkpoint engine swapped for :class:`HostCapture`, which keeps a
+   host copy of each state dict instead of writing it. So the files, their names and the ZeRO sharding
+   are exactly what a full checkpoint holds, the collectives (ZeRO-3 gathers, barriers) run where every
+   rank runs them, and nothing in the background thread is a collective;
+2. (a background thread) ``torch.save``s its files into ``checkpoints/snap_<step>/``, fsyncs them and
+   writes a report (its file names and sizes);
+3. rank 0's thread waits for every rank's report, checks the sizes on disk and only then writes
+   ``COMPLETE.json`` (the same marker and rules as checkpoints: ``hpc_agent.checkpoints``), then applies
+   retention (only the newest complete snapshot is kept, and only while it is newer than every
+   checkpoint).
+
+One snapshot is in flight at a time: when any rank is still writing the previous one, the ranks agree
+to skip this one (counted in :attr:`Snapshots.skipped`). Why not DeepSpeed's own decoupled engine
+(``checkpoint.writer.decoupled``): it hands the live tensors to a spawned process through shared memory
+(the optimizer keeps changing them while it writes), blocks the next step until the save is done, writes
+no completion marker, and its default FAST writer needs the async-I/O op built, which a job must never do.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from hpc_agent import checkpoints, rundir
+from hpc_agent.filemodes import dir_mode, group_of, make_dir, open_created, set_mode
+from hpc_agent.fsutil import atomic_write_json
+from launch import checkpoint
+
+REPORT_WAIT_S = 600.0
+"""How long rank 0's writer waits for the other ranks' reports before it gives the snapshot up."""
+
+_REPORT = "report_rank_{:05d}.json"
+
+
+def to_host(obj: Any) -> Any:
+    """A copy of a state dict whose tensors are fresh host (CPU) tensors, and whose other values are
+    copies too: the optimizer keeps changing the originals while the copy is written."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if type(obj) in (dict, OrderedDict):
+        return type(obj)((key, to_host(value)) for key, value in obj.items())
+    if type(obj) in (list, tuple):
+        return type(obj)(to_host(value) for value in obj)
+    return copy.deepcopy(obj)
+
+
+class HostCapture:
+    """Stands in for DeepSpeed's checkpoint engine during one ``save_checkpoint``: keeps ``(path, host
+    copy)`` per file instead of writing. Directories are made for real (cheap, and DeepSpeed expects
+    them)."""
+
+    def __init__(self) -> None:
+        self.files: List[Tuple[str, Any]] = []
+
+    def create(self, info: Any) -> None:
+        pass
+
+    def save(self, state_dict: Any, path: str) -> None:
+        self.files.append((str(path), to_host(state_dict)))
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        make_dir(path, exist_ok=exist_ok)
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        raise RuntimeError("HostCapture only captures saves")
+
+    def commit(self, info: Any) -> bool:
+        return True
+
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
+        return dp_rank == 0
+
+    def is_decoupled(self) -> bool:
+        return False
+
+    def set_commit_info(self, info: Any) -> None:
+        pass
+
+    def get_commit_info(self) -> None:
+        return None
+
+    def cleanup(self) -> None:
+        pass
+
+    def preserves_storage_sharing(self) -> bool:
+        return False  # to_host already copies each tensor alone: no second clone
+
+
+def capture(engine: Any, root: Path, tag: str, client_state: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    """Run DeepSpeed's save on every rank with :class:`HostCapture` in place; returns this rank's files."""
+    held = HostCapture()
+    real = engine.checkpoint_engine
+    engine.checkpoint_engine = held
+    try:
+        engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
+    finally:
+        engine.checkpoint_engine = real
+    return held.files
+
+
+class Snapshots:
+    """The job's snapshot taker; one per attempt. Main-thread calls: :meth:`after_step`, :meth:`settle`."""
+
+    def __init__(self, every: int, root: Path, rank: int, world: int, layout: Dict[str, Any],
+                 keep_checkpoints: int, agree_max: Callable[[int], int], say: Callable[[str], None]):
+        self.every, self.root, self.rank, self.world, self.layout = every, Path(root), rank, world, layout
+        self.keep, self.agree_max, self.say = keep_checkpoints, agree_max, say
+        self.skipped = 0
+        self.taken = 0
+        self.capture_s: List[float] = []  # main-thread seconds per snapshot taken
+        self.completed: List[Tuple[int, float]] = []  # rank 0: (step, seconds from capture to marker)
+        self._thread: Optional[threading.Thread] = None
+        self._abandon = threading.Event()
+        self._error: Optional[str] = None
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def after_step(self, engine: Any, step: int, client_state: Callable[[], Dict[str, Any]],
+                   saved: bool = False) -> bool:
+        """At the step boundary, on every rank: take a snapshot of ``step`` when one is due; True when
+        taken. ``saved``: a full checkpoint of this step exists (or is about to), so none is needed."""
+        if not self.every or step % self.every or saved:
+            return False
+        if self._error is not None:
+            self.say(f"snapshot failed on rank {self.rank}: {self._error}")
+            self._error = None
+        if self.agree_max(1 if self.busy() else 0):  # one in flight anywhere: every rank skips
+            self.skipped += 1
+            if self.rank == 0:
+                self.say(f"snapshot at step {step} skipped: the previous one is still being written "
+                         f"({self.skipped} skipped)")
+            return False
+        started = time.perf_counter()
+        tag = checkpoints.snap_tag_for(step)
+        if self.rank == 0:
+            make_dir(self.root)
+            if (self.root / tag).exists():  # torn leftover of an earlier attempt (or of a rollback)
+                shutil.rmtree(self.root / tag)
+        # save_checkpoint's first barrier keeps the other ranks from writing before that rmtree.
+        files = capture(engine, self.root, tag, client_state())
+        self.capture_s.append(time.perf_counter() - started)
+        self.taken += 1
+        self._abandon.clear()
+        self._thread = threading.Thread(target=self._write, args=(step, tag, files, started),
+                                        name=f"snapshot-{tag}", daemon=True)
+        self._thread.start()
+        return True
+
+    def settle(self, abandon: bool = False) -> None:
+        """Before a full checkpoint: wait for the snapshot in flight to finish (so retention never races
+        it), or, when the job must go now (a preemption signal), tell it to stop before its marker and
+        do not wait: a snapshot without its marker is never resumed from."""
+        if not self.busy():
+            return
+        if abandon:
+            self._abandon.set()
+            return
+        self._thread.join()  # type: ignore[union-attr]
+
+    # ---- the background thread --------------------------------------------------------------
+    def _write(self, step: int, tag: str, files: List[Tuple[str, Any]], started: float) -> None:
+        try:
+            self._write_files(step, tag, files)
+            if self.rank == 0 and not self._abandon.is_set():
+                self._complete(step, tag, started)
+        except Exception as exc:  # never kill training: the next full checkpoint still comes
+            self._error = f"{tag}: {exc.__class__.__name__}: {exc}"
+            if self.rank != 0:  # so rank 0 stops waiting for this rank's files
+                try:
+                    atomic_write_json(self.root / tag / _REPORT.format(self.rank),
+                                      {"step": step, "rank": self.rank, "error": self._error})
+                except OSError:
+                    pass
+
+    def _write_files(self, step: int, tag: str, files: List[Tuple[str, Any]]) -> None:
+        import torch
+
+        tag_dir = self.root / tag
+        written: Dict[str, int] = {}
+        while files:
+            if self._abandon.is_set():
+                return
+            path, state = files.pop(0)  # drop our reference as we go: the host copy is freed file by file
+            fd = open_created(path, os.O_WRONLY | os.O_TRUNC)
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+                written[Path(path).relative_to(tag_dir).as_posix()] = handle.tell()
+            del state
+        atomic_write_json(tag_dir / _REPORT.format(self.rank), {"step": step, "rank": self.rank, "files": written})
+
+    def _reports(self, tag_dir: Path, step: int) -> Optional[Dict[str, int]]:
+        """Every rank's reported files once all reports are there, else None (still waiting)."""
+        files: Dict[str, int] = {}
+        for rank in range(self.world):
+            path = tag_dir / _REPORT.format(rank)
+            if not path.exists():
+                return None
+            report = json.loads(rundir.read_bounded(path, rundir.JSON_MAX_BYTES))
+            if report.get("step") != step:
+                raise RuntimeError(f"{path.name} reports step {report.get('step')!r}, not {step}")
+            if "error" in report:
+                raise RuntimeError(f"rank {rank} could not write its files: {report['error']}")
+            files.update({str(k): int(v) for k, v in report["files"].items()})
+        return files
+
+    def _complete(self, step: int, tag: str, started: float) -> None:
+        tag_dir = self.root / tag
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while True:
+            if self._abandon.is_set():
+                return
+            files = self._reports(tag_dir, step)
+            if files is not None:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not every rank reported its files within {REPORT_WAIT_S:g}s")
+            time.sleep(0.02)
+        lost = checkpoint._unconfirmed(tag_dir, files)
+        if lost:  # shared file system out of sync: better no marker than a false one
+            raise RuntimeError(f"files reported by the ranks do not match the disk: {lost}")
+        set_mode(tag_dir, dir_mode(group_of(self.root)))
+        if self._abandon.is_set():
+            return
+        atomic_write_json(tag_dir / checkpoints.MARKER, {
+            "version": checkpoints.MARKER_VERSION, "step": step, "tag": tag, "files": files,
+            "layout": self.layout, "written_at": time.time(),
+            "snapshot": True})
+        checkpoint._fsync_dir(tag_dir)
+        seconds = time.perf_counter() - started
+        self.completed.append((step, seconds))
+        deleted = checkpoint.apply_retention(self.root, self.keep)
+        held = self.capture_s[-1] if self.capture_s else 0.0
+        self.say(f"snapshot {tag} complete in {seconds:.2f}s (training held {held:.2f}s of it)"
+                 + (f"; deleted {', '.join(deleted)}" if deleted else ""))

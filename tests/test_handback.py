@@ -1,0 +1,94 @@
+"""hpc_agent/handback.py: the job script's requeue after a signal's checkpoint, and the watcher's wake file."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from hpc_agent import handback
+from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
+
+
+def _run_teardown(tmp_path, step_rc: int, env_extra: dict, scontrol_rc: int = 0):
+    """The teardown lines after a stand-in for srun that exits ``step_rc``; scontrol is a stub that logs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "scontrol.calls"
+    stub = bin_dir / "scontrol"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit {scontrol_rc}\n')
+    stub.chmod(0o755)
+    script = "\n".join([f"(exit {step_rc})", *handback.batch_teardown_lines()])
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "41", **env_extra}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    return proc, calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "requeue 41"),
+    ({"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3"}, "requeue 40_3"),  # scontrol reads 40 as every task
+])
+def test_exit_75_requeues_the_job_and_wakes_the_watcher(tmp_path, env, expected):
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    proc, calls = _run_teardown(tmp_path, EXIT_SIGNALLED_AFTER_CHECKPOINT, {"HPC_AGENT_RUN_DIR": str(run_dir), **env})
+    assert proc.returncode == EXIT_SIGNALLED_AFTER_CHECKPOINT  # the job's exit code is kept
+    assert calls == [expected]
+    assert (tmp_path / "runs" / handback.WAKE_FILE).is_file()
+
+
+@pytest.mark.parametrize("step_rc", [0, 1, 137])
+def test_any_other_exit_code_is_left_alone(tmp_path, step_rc):
+    proc, calls = _run_teardown(tmp_path, step_rc, {})
+    assert proc.returncode == step_rc and calls == []
+
+
+def test_a_refused_requeue_says_so_and_leaves_the_run_to_the_watcher(tmp_path):
+    proc, calls = _run_teardown(tmp_path, EXIT_SIGNALLED_AFTER_CHECKPOINT, {}, scontrol_rc=1)
+    assert calls == ["requeue 41"] and proc.returncode == EXIT_SIGNALLED_AFTER_CHECKPOINT
+    assert "could not requeue job 41" in proc.stderr
+
+
+@pytest.mark.parametrize("state, attempts, expedited, expected", [
+    ("REQUEUED", 1, frozenset(), True),      # Slurm is requeueing it, not yet expedited: poll fast
+    ("REQUEUED", 1, frozenset({1}), False),  # its next attempt is expedited already
+    ("RUNNING", 1, frozenset(), False),
+    ("PENDING", 2, frozenset(), False),
+    ("PREEMPTED", 1, frozenset(), False),    # ended for good (cancel mode): the decision path, not a requeue
+])
+def test_handing_back(state, attempts, expedited, expected):
+    assert handback.handing_back(state, attempts, expedited) is expected
+
+
+def test_wake_file_reports_each_touch_once_and_ignores_its_absence(tmp_path):
+    wake = handback.WakeFile(tmp_path)
+    assert not wake.touched()
+    (tmp_path / handback.WAKE_FILE).write_text("")
+    assert wake.touched() and not wake.touched()
+    time.sleep(0.01)
+    os.utime(tmp_path / handback.WAKE_FILE)
+    assert wake.touched()
+
+
+def test_the_job_script_sets_the_hand_back_variable():
+    assert handback.batch_setup_lines() == [f"export {handback.BATCH_REQUEUE_ENV}=1"]
+
+
+def test_under_hpc_agents_job_script_rank_0_leaves_the_requeue_to_the_batch_shell(monkeypatch):
+    import signal
+
+    from launch import signals
+
+    ran = []
+    monkeypatch.setattr(signals, "_say_why_usr2", lambda cli, job_id, lead_s, say: None)
+    monkeypatch.setattr("hpc_agent.slurm.cli.SlurmCLI.run", lambda self, argv, **kw: ran.append(argv))
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv(handback.BATCH_REQUEUE_ENV, "1")
+    said = []
+    signals.hand_back_to_slurm(signal.SIGUSR2, said.append)
+    assert ran == [] and "the batch script requeues job 41" in said[-1] and "this attempt ends now" in said[-1]
+    monkeypatch.delenv(handback.BATCH_REQUEUE_ENV)  # a user's own script: rank 0 requeues, as before
+    signals.hand_back_to_slurm(signal.SIGUSR2, said.append)
+    assert ran == [["scontrol", "requeue", "41"]]

@@ -1,0 +1,273 @@
+"""In-job recovery (issue 17 item 2): the pure decision and agreement rules as tables, the journal's reader
+against hostile lines, the watcher-side ingestion (exactly once), and 2-rank CPU runs (gloo) that repair an
+injected OOM and an injected NaN inside the same processes."""
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hpc_agent import in_job, rundir
+from hpc_agent.config.load import build_config
+from hpc_agent.journal import Journal
+from hpc_agent.ledger import Ledger
+from launch import exitcodes
+from launch.recovery import CONTINUE, EXIT, REPAIR, Fault, agree, carried_patch, divergence_fault, plan
+
+from helpers.common import run_ranks, snapshot
+
+
+def _cfg(**train):
+    base = {"workload": "gpt", "micro_batch_size": 4, "grad_accum_steps": 1, "lr": 1e-3, "zero_stage": 1}
+    base.update(train)
+    return build_config([{"train": base, "slurm": {"tasks_per_node": 2}}])
+
+
+OOM = Fault("gpu_oom", 3, "gpu_oom", "CUDA out of memory.")
+NAN = Fault("diverged", 5, "nan_loss", "train/loss is nan at step 5", divergence_step=5)
+SPIKE = Fault("diverged", 30, "loss_spike", "spike", divergence_step=29)
+
+
+@pytest.mark.parametrize("fault,train,left,budget,steps,action,patch,rollback,code", [
+    (OOM, {}, 2, 2, (), REPAIR, {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}, None, 0),
+    (OOM, {"micro_batch_size": 6}, 1, 2, (), REPAIR, {"train.micro_batch_size": 3, "train.grad_accum_steps": 2},
+     None, 0),
+    (OOM, {}, 0, 2, (), EXIT, {}, None, exitcodes.OUT_OF_MEMORY),      # budget spent
+    (OOM, {}, 0, 0, (), EXIT, {}, None, exitcodes.OUT_OF_MEMORY),      # recovery off
+    (OOM, {"micro_batch_size": 1, "activation_checkpointing": False}, 2, 2, (), REPAIR,
+     {"train.activation_checkpointing": True}, None, 0),
+    (OOM, {"micro_batch_size": 1, "activation_checkpointing": True, "zero_stage": 3, "offload": "optimizer+params"},
+     2, 2, (), EXIT, {}, None, exitcodes.OUT_OF_MEMORY),              # the ladder is exhausted
+    (NAN, {}, 2, 2, (2, 4, 6), REPAIR, {"train.lr": 5e-4}, 4, 0),    # newest checkpoint before the NaN
+    (NAN, {}, 2, 2, (6,), REPAIR, {"train.lr": 5e-4}, 0, 0),         # none before it: start over
+    (NAN, {}, 0, 2, (2, 4), EXIT, {}, None, exitcodes.DIVERGED),
+    (SPIKE, {}, 1, 2, (10, 20, 30), REPAIR, {"train.lr": 5e-4}, 20, 0),
+    (SPIKE, {}, 0, 2, (10, 20), CONTINUE, {}, None, 0),              # as before: a spike alone never stops a job
+])
+def test_plan_table(fault, train, left, budget, steps, action, patch, rollback, code):
+    p = plan(fault, _cfg(**train), left, budget, steps)
+    assert (p.action, p.patch, p.rollback_to_step, p.exit_code) == (action, patch, rollback, code), p.reason
+    if action == REPAIR:
+        assert p.reason
+    if action == EXIT and left == 0:
+        assert "resilience.in_job_retries" in p.reason
+
+
+def test_oom_repair_keeps_the_global_batch():
+    cfg = _cfg(micro_batch_size=8, grad_accum_steps=3)
+    p = plan(OOM, cfg, 2, 2)
+    assert p.patch["train.micro_batch_size"] * p.patch["train.grad_accum_steps"] == 8 * 3
+
+
+class _Stop:
+    def __init__(self, signum):
+        self.signum = signum
+
+    def agreed(self, reduce):
+        seen = reduce(self.signum)
+        self.signum = self.signum or seen
+        return seen
+
+
+@pytest.mark.parametrize("mine,others,want", [
+    ((0, False), [(0, False)], (False, 0)),
+    ((0, True), [(0, False)], (True, 0)),       # one rank failed: every rank sees it
+    ((0, False), [(0, True)], (True, 0)),
+    ((15, False), [(0, False)], (False, 15)),   # a signal alone: the preemption path, as before
+    ((0, False), [(12, True)], (True, 12)),
+])
+def test_agreement_rides_on_the_signal_all_reduce(mine, others, want):
+    calls = []
+
+    def max_int(value):
+        calls.append(value)
+        return max([value] + [(in_job_bit if failed else 0) | sig for sig, failed in others])
+
+    in_job_bit = 1 << 16
+    assert agree(_Stop(mine[0]), max_int, mine[1]) == want
+    assert len(calls) == 1  # one collective per micro-step, as before
+
+
+def test_divergence_fault_uses_the_one_detector():
+    flat = [(s, 2.0 + 0.01 * (s % 3)) for s in range(1, 31)]
+    assert divergence_fault(flat, [], 30, 1.0, True) is None
+    nan = flat + [(31, float("nan"))]
+    assert divergence_fault(nan, [], 31, 1.0, False).kind == "nan_loss"
+    spike = flat + [(31, 50.0), (32, 60.0)]
+    assert divergence_fault(spike, [], 32, 1.0, False) is None  # trends are judged only with a budget
+    found = divergence_fault(spike, [], 32, 1.0, True)
+    assert (found.kind, found.divergence_step, found.cause) == ("loss_spike", 31, "diverged")
+
+    scales = [(s, 2.0 ** max(0, 10 - s)) for s in range(1, 16)]
+    assert divergence_fault(flat[:15], scales, 15, 1.0, True).kind == "loss_scale_collapse"
+
+
+def test_a_small_bump_on_a_smooth_loss_is_no_spike_to_roll_back_for():
+    # A very smooth loss (MAD ~0) makes a 10 % bump many robust sigmas; the job must not roll back for it.
+    smooth = [(s, 3.0 - 0.001 * s) for s in range(1, 41)]
+    bump = smooth + [(41, 3.0 * 1.1), (42, 3.0 * 1.1)]
+    assert divergence_fault(bump, [], 42, 1.0, True) is None
+    jump = smooth + [(41, 3.0 * 1.5), (42, 3.0 * 1.5)]
+    assert divergence_fault(jump, [], 42, 1.0, True).kind == "loss_spike"
+
+
+def _decision(seq, job_id="7", attempt=0, patch=None, **extra):
+    return in_job.InJobDecision(seq, job_id, attempt, 3, "gpu_oom", in_job.ACTION,
+                                patch or {"train.micro_batch_size": 2}, None, ("CUDA out of memory.",), 1.5e9, 1,
+                                **extra)
+
+
+def test_a_requeued_attempt_carries_its_jobs_patches_only():
+    lines = [_decision(1, patch={"train.micro_batch_size": 4, "train.grad_accum_steps": 2}),
+             _decision(2, patch={"train.micro_batch_size": 2, "train.grad_accum_steps": 4}),
+             _decision(3, job_id="8", patch={"train.lr": 1.0}),        # another job: a resubmission's own config
+             _decision(4, attempt=1, patch={"train.zero_stage": 2})]   # this attempt's own (not earlier)
+    assert carried_patch(lines, "7", 1) == {"train.micro_batch_size": 2, "train.grad_accum_steps": 4}
+    assert carried_patch(lines, "7", 0) == {}
+
+
+# --- the journal, untrusted -----------------------------------------------------------------------------
+def test_encode_parse_round_trip():
+    d = _decision(1, before={"train.micro_batch_size": 4}, reason="micro_batch_size 4 -> 2")
+    assert in_job.parse_line(in_job.encode(d)) == d
+
+
+GOOD = json.loads(in_job.encode(_decision(1)))
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("not json", "Expecting value"),
+    ("[1, 2]", "not a JSON object"),
+    (json.dumps({**GOOD, "seq": True}), "seq"),
+    (json.dumps({**GOOD, "seq": 0}), "seq"),
+    (json.dumps({**GOOD, "job_id": "1; rm -rf /"}), "job_id"),
+    (json.dumps({**GOOD, "cause": "code_error"}), "cause"),
+    (json.dumps({**GOOD, "action": "resubmit"}), "action"),
+    (json.dumps({**GOOD, "patch": {"slurm.exclude": "node1"}}), "not a train.* setting"),
+    (json.dumps({**GOOD, "patch": {"train.lr": {"nested": 1}}}), "plain scalar"),
+    (json.dumps({**GOOD, "evidence": "one string"}), "evidence"),
+    (json.dumps({**GOOD, "evidence": [1, 2]}), "evidence"),
+    (json.dumps({**GOOD, "at": "yesterday"}), "at"),
+    (json.dumps(GOOD).replace('"at": 1500000000.0', '"at": NaN'), "NaN is not JSON"),
+    (json.dumps({**GOOD, "rollback_to_step": -1}), "rollback_to_step"),
+    (json.dumps({**GOOD, "reason": "x" * 5000}), "too long" if False else "reason"),
+    ("[" * 100000, "longer than"),
+])
+def test_hostile_lines_are_skipped_with_a_problem(line, problem):
+    decisions, problems = in_job.parse(line + "\n" + in_job.encode(_decision(2)))
+    assert [d.seq for d in decisions] == [2]
+    assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_a_torn_last_line_waits_for_the_next_read():
+    text = in_job.encode(_decision(1)) + in_job.encode(_decision(2))[:40]
+    assert ([d.seq for d in in_job.parse(text)[0]], in_job.parse(text)[1]) == ([1], [])
+
+
+def test_read_refuses_links_and_huge_files(tmp_path):
+    run_dir = tmp_path / "run"
+    path = rundir.in_job_journal_path(run_dir)
+    path.parent.mkdir(parents=True)
+    secret = tmp_path / "secret"
+    secret.write_text(in_job.encode(_decision(1)))
+    os.symlink(secret, path)
+    decisions, problems = in_job.read(run_dir)
+    assert decisions == [] and len(problems) == 1
+    path.unlink()
+    path.write_bytes(b"x" * (in_job.MAX_BYTES + 1))
+    decisions, problems = in_job.read(run_dir)
+    assert decisions == [] and "bytes" in problems[0]
+
+
+def test_ingest_records_each_line_once_as_a_job_decision(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.add_run("r1", "n", str(tmp_path / "run"))
+    journal = Journal(ledger)
+    said = []
+    ingest = in_job.InJobIngest(ledger, journal, lambda run, text: said.append(text))
+    path = rundir.in_job_journal_path(tmp_path / "run")
+    path.parent.mkdir(parents=True)
+    path.write_text(in_job.encode(_decision(1, before={"train.micro_batch_size": 4})) + "garbage\n")
+    assert [d.seq for d in ingest.tick("r1")] == [1]
+    assert ingest.tick("r1") == []  # unchanged file: not read again
+    with path.open("a") as f:
+        f.write(in_job.encode(_decision(2)))
+    assert [d.seq for d in ingest.tick("r1")] == [2]
+    again = in_job.InJobIngest(ledger, journal, lambda run, text: None)  # a restarted watcher
+    assert again.tick("r1") == []
+    records = [rec for _, _, rec in journal.audit_records("r1")]
+    assert [r["in_job_seq"] for r in records] == [1, 2]
+    first = records[0]
+    assert first["decided_in"] == "job" and first["cause"] == "gpu_oom" and first["attempt"] == 1
+    assert first["decision"]["action"] == in_job.ACTION and first["step"] == 3
+    assert first["config_diff"] == {"train.micro_batch_size": {"from": 4, "to": 2}}
+    assert ledger.decisions("r1") == []  # the watcher's per-attempt decisions are untouched
+    assert sum("skipped line 2" in text for text in said) == 1
+
+
+def test_ingest_never_raises(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.add_run("r1", "n", str(tmp_path / "run"))
+    said = []
+    ingest = in_job.InJobIngest(ledger, SimpleNamespace(), lambda run, text: said.append(text))
+    path = rundir.in_job_journal_path(tmp_path / "run")
+    path.parent.mkdir(parents=True)
+    path.write_text(in_job.encode(_decision(1)))
+    assert ingest.tick("r1") == [] and "not read" in said[0]  # a broken journal object: said, not raised
+    assert ingest.tick("missing-run") == []
+
+
+# --- 2 ranks on the CPU ---------------------------------------------------------------------------------
+def _two_ranks(tmp_path: Path, faults, retries=2):
+    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 6, "ckpt_every": 2, "micro_batch_size": 4},
+                   slurm={"tasks_per_node": 2}, faults=faults, resilience={"in_job_retries": retries})
+    run_dir = tmp_path / "run"
+    return run_dir, run_ranks(cfg, run_dir, world=2)
+
+
+def _journal(run_dir):
+    decisions, problems = in_job.read(run_dir)
+    assert problems == []
+    return decisions
+
+
+@pytest.mark.slow
+def test_two_ranks_repair_an_injected_oom_in_the_same_processes(tmp_path):
+    run_dir, results = _two_ranks(tmp_path, {"oom_above_micro_batch": 2})
+    for r in results:
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert "fault: out of memory in forward" in r.stdout
+    out = results[0].stdout
+    assert "in-job repair 1 of 2: gpu_oom at step 1" in out and "done: 6 steps" in out
+    assert "global batch 8 = 4 x 1 x 2 ranks" in out
+    (d,) = _journal(run_dir)
+    assert d.patch == {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}  # 2 x 2 x 2 = 8: kept
+    assert (d.cause, d.step, d.budget_left, d.attempt) == ("gpu_oom", 1, 1, 0)
+    assert sorted(int(line.split()[2]) for line in out.splitlines() if line.startswith("[hpc_agent] step ")) \
+        == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_two_ranks_roll_back_an_injected_nan_with_a_lower_lr(tmp_path):
+    run_dir, results = _two_ranks(tmp_path, {"nan_at_step": 4})
+    for r in results:
+        assert r.returncode == 0, r.stdout[-4000:]
+    out = results[0].stdout
+    assert "in-job repair 1 of 2: nan_loss at step 4" in out and "done: 6 steps" in out
+    assert "resumed at step 2" in out and "train.lr 0.0005" in out
+    (d,) = _journal(run_dir)
+    assert (d.cause, d.patch, d.rollback_to_step, d.step) == ("diverged", {"train.lr": 5e-4}, 2, 4)
+    after = [line for line in out.splitlines() if line.startswith("[hpc_agent] step 3 ")]
+    assert len(after) == 2 and "lr 5.000e-04" in after[1]  # step 3 again, at half the learning rate
+    assert "loss nan" not in out
+
+
+@pytest.mark.slow
+def test_budget_zero_exits_with_the_old_exit_code(tmp_path):
+    run_dir, results = _two_ranks(tmp_path, {"oom_above_micro_batch": 2}, retries=0)
+    for r in results:
+        assert r.returncode == exitcodes.OUT_OF_MEMORY, r.stdout[-4000:]
+        assert f"out of memory at step 1 during training (micro_batch_size 4, ZeRO-1); exiting " \
+               f"{exitcodes.OUT_OF_MEMORY}" in r.stdout
+    assert not rundir.in_job_journal_path(run_dir).exists()
