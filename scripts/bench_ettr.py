@@ -39,6 +39,11 @@ from hpc_agent.slurm.cli import SlurmCLI  # noqa: E402
 RUN = ["slurm.cpus_per_task=1", "slurm.time=02:00:00", "train.max_steps=1000000", "train.micro_batch_size=8",
        "train.ckpt_every=150", "model.d_model=128", "model.n_layers=4", "model.seq_len=128"]
 NODES = {"watcher": "node2", "native": "node1"}  # excluded node per run: one run per node
+# What each side may do by itself. configs/chaos.yaml turns in-job repairs off (the chaos tests check the
+# watcher's own repairs); the toolkit's run gets them back, plus snapshots every 25 steps (~2 s here), which a
+# hand-written sbatch script does not have.
+SIDE = {"watcher": ["resilience.in_job_retries=2", "resilience.snapshot_every=25"],
+        "native": ["resilience.in_job_retries=0", "resilience.snapshot_every=0"]}
 MIX = ("preempt", "gpu_oom", "preempt", "nan", "preempt", "host_oom")
 
 
@@ -60,9 +65,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-ettr-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         watched = Target("watcher", work / "watcher", submit_run(work / "watcher", "configs/chaos.yaml",
-                                                                  [*RUN, "run.name=ettr-watcher", f"slurm.exclude={NODES['watcher']}"]))
+                                                                  [*RUN, *SIDE["watcher"], "run.name=ettr-watcher", f"slurm.exclude={NODES['watcher']}"]))
         native = Target("native", work / "native", submit_run(work / "native", "configs/chaos.yaml",
-                                                               [*RUN, "run.name=ettr-native", f"slurm.exclude={NODES['native']}"]))
+                                                               [*RUN, *SIDE["native"], "run.name=ettr-native", f"slurm.exclude={NODES['native']}"]))
         watched.watcher = inject.Watcher(watched.root)
         watched.watcher.start()
         driver = ChaosDriver([watched, native], faults, duration_s=args.window, sequential=False,
@@ -83,11 +88,11 @@ def main() -> int:
         watched_records = [r for r in driver.records if r.target == "watcher"]
         out = {
             "benchmark": "ETTR under a fault every ~%.0f s: watcher vs native Slurm requeue, side by side" % args.every,
-            "window_s": args.window, "schedule": [f.to_dict() for f in faults], "run_overrides": RUN,
+            "window_s": args.window, "schedule": [f.to_dict() for f in faults], "run_overrides": RUN, "side_overrides": SIDE,
             "summary": {
                 "ettr_watcher": ours, "ettr_native": base, "ratio": ratio,
-                "target_ettr_0_95_met": bool(ours is not None and ours >= 0.95),
-                "target_ratio_1_3_met": bool(ratio is not None and ratio >= 1.3),
+                "target_ettr_0_97_met": bool(ours is not None and ours >= 0.97),
+                "target_ratio_5_met": bool(ratio is not None and ratio >= 5),
                 "p3_steps_lost_per_signalled_preemption": p3(watched_records),
             },
             "targets": {s.name: {"ettr": s.ettr, "productive_s": s.productive_s, "wall_s": s.wall_s,

@@ -284,7 +284,7 @@ def test_diagnose_of_a_running_job_says_what_review_says(tmp_path, capsys, monke
     argv = ["102", "--sacct-file", str(sacct), "--runs-root", str(tmp_path / "runs")]
     assert diagnose.main(argv) == 0
     text = capsys.readouterr().out
-    assert text.startswith("job 102: running")
+    assert text.startswith("job 102: hung")  # diagnose names the live verdict as the cause (diagnose.name_hung)
     assert "  live: last step 4 min 2" in text and "(step 40); no step for 4 min" in text
     assert "(limit 2 min): looks hung (kind step," in text
     assert diagnose.main(argv + ["--json"]) == 0
