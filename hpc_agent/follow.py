@@ -23,7 +23,7 @@ from hpc_agent.follow_hang import open_suspicion, running
 # The core's values are re-exported: callers import the core and its data from one place.
 from hpc_agent.follow_model import (AWAIT_END, CANCEL, EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY,  # noqa: F401
                                     RELEASE_LEASE, REQUEUE_EFFECT, RESUBMIT_EFFECT, STACKS, Effect, Exclude, Expedite,
-                                    Live, Notify, Observation, Outcome, Requeue, Resubmit, RunFiles, RunState,
+                                    Live, Notify, Observation, Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState,
                                     Suspicion, Wants)
 from hpc_agent.lifecycle import Action, Event, EventKind, Phase, transition
 from hpc_agent.policy import (DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation,
@@ -227,8 +227,11 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
         # Slurm only requeues preempted/node-failed jobs itself; anything else needs an explicit requeue.
         effects: Tuple[Effect, ...] = (Requeue(state.job_id), Expedite(state.job_id))
     elif decision.action == RESUBMIT:
-        effects = (Resubmit(state.job_id, decision.patch, f"{decision.cause}: {decision.reason}",
-                            decision.rollback_to_step, decision.rollback_before_step),)
+        # Slurm no longer queues the job (checked above), so a run lease it still holds is dead: free it, or the
+        # new job waits for it to go stale (~50 s measured in the P2 run after a host OOM killed rank 0).
+        effects = (ReleaseLease(state.job_id),
+                   Resubmit(state.job_id, decision.patch, f"{decision.cause}: {decision.reason}",
+                            decision.rollback_to_step, decision.rollback_before_step))
     else:
         effects = (Notify(f"stopped: {decision.reason}"),)
     audit = {"job_id": state.job_id, "attempt": state.attempt_offset + latest.attempt_index + 1,

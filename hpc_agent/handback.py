@@ -10,6 +10,14 @@ Slurm requeues the job (and frees its nodes) only then. A requeue issued after t
 in ~0.1 s. The ranks leave the requeue to the batch shell only when :data:`BATCH_REQUEUE_ENV` is set, so a
 user's own script keeps the old in-job requeue.
 
+The ranks exit **0**, not 75, and rank 0 first leaves a marker file (:func:`marker_path`) that says "the
+checkpoint is complete, requeue me": submitit's ``srun --kill-on-bad-exit=1`` answers a task's non-zero exit
+by terminating the step, and a terminated step ends ~2.7 s after its last task is gone (slurmstepd's kill
+loop, measured on the localhost Slurm 22.05), while a step whose tasks exit 0 ends at once. The nodes stay
+COMPLETING, and the requeued job cannot start anywhere, until the step has ended. The batch shell turns
+"srun returned 0 and the marker is there" back into exit 75, so the job's exit code still says what happened.
+If rank 0 cannot write the marker it exits 75 and the slower path above still requeues.
+
 The batch shell cannot also expedite the requeued job (``scontrol update StartTime=now``): Slurm sets the
 requeued job's begin time (now + 121 s) when the requeue completes, after the batch step is gone, so an
 update issued from inside the job is overwritten (measured). The watcher expedites it: the batch shell touches
@@ -25,9 +33,21 @@ from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
 BATCH_REQUEUE_ENV = "HPC_AGENT_BATCH_REQUEUE"
 
 
+MARKER_PREFIX = ".handback-"
+
+
+def marker_path(run_dir, job_id: str):
+    """Where rank 0 marks "checkpoint complete, requeue job ``job_id``" (``$SLURM_JOB_ID``, never the array
+    form: the batch shell and the ranks both read it from their environment)."""
+    import os
+
+    return os.path.join(str(run_dir), f"{MARKER_PREFIX}{job_id}")
+
+
 def batch_setup_lines() -> List[str]:
-    """Job-script lines before srun: the ranks leave the requeue to the batch shell."""
-    return [f"export {BATCH_REQUEUE_ENV}=1"]
+    """Job-script lines before srun: the ranks leave the requeue to the batch shell; a marker left by an
+    earlier attempt of this job (it died before its batch shell read it) must not requeue this one."""
+    return [f"export {BATCH_REQUEUE_ENV}=1", f'rm -f "$HPC_AGENT_RUN_DIR/{MARKER_PREFIX}$SLURM_JOB_ID"']
 
 
 def batch_teardown_lines() -> List[str]:
@@ -35,6 +55,12 @@ def batch_teardown_lines() -> List[str]:
     code = EXIT_SIGNALLED_AFTER_CHECKPOINT
     return [
         "hpc_agent_rc=$?",
+        "# 0 with rank 0's marker: every rank saved the checkpoint after SIGUSR2 and exited 0, so that the step",
+        f"# ended at once (hpc_agent/handback.py); report it as {code}",
+        f'hpc_agent_marker="${{HPC_AGENT_RUN_DIR:-/nonexistent}}/{MARKER_PREFIX}${{SLURM_JOB_ID:-}}"',
+        'if [ "$hpc_agent_rc" = 0 ] && [ -f "$hpc_agent_marker" ] && [ ! -L "$hpc_agent_marker" ]; then',
+        f'    rm -f "$hpc_agent_marker"; hpc_agent_rc={code}',
+        "fi",
         f"# {code}: every rank saved the checkpoint after SIGUSR2 and ended: requeue now (hpc_agent/handback.py)",
         f'if [ "$hpc_agent_rc" = {code} ]; then',
         '    hpc_agent_job=$SLURM_JOB_ID',

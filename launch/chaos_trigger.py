@@ -10,8 +10,10 @@ Each nonce fires once per rank, ever: before acting, the rank writes ``chaos/fir
 so a resumed attempt that finds the same file does not fire it again (unlike ``cfg.faults``, which are
 tied to a step and replay when a resume goes back before it).
 
-- ``nan``: the loss of the next micro-step is NaN (the job exits 76, diverged).
-- ``gpu_oom``: a CUDA-style ``torch.OutOfMemoryError`` at the next step (the job exits 71).
+- ``nan``: the loss of the next micro-step is NaN: an in-job rollback, or with no in-job retries left the job
+  exits 76 (diverged).
+- ``gpu_oom``: a CUDA-style ``torch.OutOfMemoryError`` from the next forward: an in-job repair takes the OOM
+  ladder's next rung, or, with no in-job retries left (``resilience.in_job_retries``), the job exits 71.
 - ``host_oom``: rank 0 allocates and touches ``mb`` MB of host memory (the cgroup kills the job).
 - ``kill_during_save``: at the next checkpoint save, rank 0 stops after every rank's shards are on
   disk and *before* ``COMPLETE.json`` is written, writes ``chaos/in_save.json`` and sleeps
@@ -51,6 +53,7 @@ class RuntimeTrigger:
         self.path = self.dir / TRIGGER_FILE
         self._seen: Optional[Tuple[int, int]] = None  # (mtime_ns, size) of the last read
         self._nan = False
+        self._oom = ""  # the nonce of a GPU OOM to raise from the next forward
         self._stall_s: Optional[float] = None
         self._stall_nonce = ""
 
@@ -102,12 +105,9 @@ class RuntimeTrigger:
         if kind == "nan":
             self._say(f"making the loss NaN at step {step} (nonce {nonce})")
             self._nan = True
-        elif kind == "gpu_oom":
-            import torch
-
+        elif kind == "gpu_oom":  # raised from the forward (``loss``), where a real one happens
             self._say(f"out of memory at step {step} (nonce {nonce})")
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the chaos "
-                                         f"runtime trigger, nonce {nonce})")
+            self._oom = nonce
         elif kind == "host_oom" and self.rank == 0:
             mb = int(spec.get("mb", 0))
             self._say(f"allocating and touching {mb} MB of host memory at step {step} (nonce {nonce})")
@@ -117,6 +117,12 @@ class RuntimeTrigger:
             _HELD.append(block)
 
     def loss(self, loss: Any) -> Any:
+        if self._oom:
+            import torch
+
+            nonce, self._oom = self._oom, ""
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the chaos "
+                                         f"runtime trigger, nonce {nonce})")
         if self._nan:
             self._nan = False
             return loss * float("nan")

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hpc_agent import rundir
-from launch import checkpoint, exitcodes, heartbeat, universal
+from launch import checkpoint, exitcodes, heartbeat, resume, universal
 from launch.distributed import Collectives, DistEnv
 from launch.dsconfig import build_ds_config
 from launch.chaos_trigger import RuntimeTrigger
 from launch.faults import Faults
-from launch.recovery import CONTINUE, InJobRecovery, adopt_configured_lr, agree, repair_in_place
-from launch.rng import rng_state, seed as seed_rng, set_rng_state
+from launch.recovery import CONTINUE, InJobRecovery, agree, repair_in_place
+from launch.rng import rng_state, seed as seed_rng
 from launch.gpu_health import GpuHealthMonitor, simulated_reader
 from launch.schedule import lr_factor
 from launch.signals import StopRequest, signal_name
@@ -131,28 +131,13 @@ class Trainer:
         names = [n for n, p in model.named_parameters() if p.requires_grad]
 
         heartbeat.current().phase("loading")
-        choice = self._choose_checkpoint()
-        plan = None
-        if choice is not None:
-            saved = choice["layout"] or self.layout  # a marker without a layout: assume it is ours
-            plan = universal.plan(saved, self.layout)
-            if self.rank == 0:
-                say(f"resume plan for {choice['name']}: {plan.mode}: {plan.reason}")
-            if plan.mode == universal.REFUSE:
-                say(f"cannot resume: {plan.reason}; exiting {exitcodes.CONFIG}")
-                return exitcodes.CONFIG
-        load_dir, tag = self.ckpt_root, choice["name"] if choice else None
-        needs_universal = plan is not None and plan.mode in (universal.UNIVERSAL, universal.FROM_STAGE0)
-        if needs_universal:
-            load_dir = self.ckpt_root / universal.UNIVERSAL_DIR
-            if self.rank == 0:
-                t0 = time.perf_counter()
-                universal.convert(self.ckpt_root / tag, load_dir / tag, plan.mode, names)
-                say(f"converted {tag} to a universal checkpoint in {time.perf_counter() - t0:.1f}s")
-            self.coll.barrier()
+        choice = resume.choose(self.ckpt_root, self.rank, self.coll.broadcast_object, say)
+        source = resume.prepare(self.ckpt_root, choice, self.layout, names, self.rank, self.coll.barrier, say)
+        if source is None:  # the layout change cannot be honoured (said)
+            return exitcodes.CONFIG
 
         ds_config = build_ds_config(self.t, world_size=self.world, precision=self.precision,
-                                    on_cuda=self.on_cuda, load_universal=needs_universal)
+                                    on_cuda=self.on_cuda, load_universal=source.converted)
         schedule = functools.partial(lr_factor, warmup_steps=self.t.warmup_steps, total_steps=self.t.max_steps,
                                      min_lr_ratio=self.t.min_lr_ratio)
         self.engine, _, _, _ = deepspeed.initialize(
@@ -163,42 +148,11 @@ class Trainer:
         seed_rng(self.t.seed + 1000 * self.rank)  # distinct dropout streams per rank from here on
 
         self.step, self.saved_step = 0, -1  # no checkpoint left (a rollback before the first): start over
-        if tag is not None:
-            self._load(load_dir, tag, needs_universal)
+        if source.tag is not None:
+            self.step = self.saved_step = resume.load(self.engine, source, self.t.lr, self.t.seed, self.rank,
+                                                      self.world, self.on_cuda, self.coll.barrier, say)
         heartbeat.current().resumed_at(self.step)
         return exitcodes.OK
-
-    def _choose_checkpoint(self) -> Optional[Dict[str, Any]]:
-        """Rank 0 picks (it alone reads markers, so all ranks agree even on a lagging file system)."""
-        found = None
-        if self.rank == 0:
-            selection = checkpoint.select(checkpoint.scan(self.ckpt_root))
-            for line in selection.lines():
-                say(line)
-            if selection.chosen is not None:
-                found = {"name": selection.chosen.name, "layout": selection.chosen.marker.get("layout")}
-        return self.coll.broadcast_object(found)
-
-    def _load(self, load_dir: Path, tag: str, was_converted: bool) -> None:
-        path, client = self.engine.load_checkpoint(str(load_dir), tag=tag)
-        if path is None:
-            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {load_dir}")
-        self.step = self.saved_step = int(client["step"])
-        if adopt_configured_lr(self.engine, self.t.lr) and self.rank == 0:
-            say(f"learning rate from the config: train.lr {self.t.lr:g} (the checkpoint had another)")
-        rng = client.get("rng") or []
-        if len(rng) == self.world:
-            set_rng_state(rng[self.rank], self.on_cuda)
-        else:  # other world size: no per-rank state to take over; reseed deterministically
-            seed_rng(self.t.seed + 1000 * self.rank + 7919 * self.step)
-        if was_converted:
-            self.coll.barrier()
-            if self.rank == 0:
-                import shutil
-
-                shutil.rmtree(load_dir / tag, ignore_errors=True)
-        if self.rank == 0:
-            say(f"resumed at step {self.step} (data position {client.get('data_position')} samples) from {tag}")
 
     # ---- train -------------------------------------------------------------------------------
     def train(self) -> int:

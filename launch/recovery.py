@@ -236,9 +236,10 @@ def repair_in_place(tr: Any, fault: Fault, loss: Optional[float] = None) -> Any:
                             f"{p.exit_code}")
         return p.exit_code
     budget = tr.recovery.budget
-    if first:
-        tr.recovery.say(f"in-job repair {budget - tr.recovery.left + 1} of {budget}: {fault.kind} at step "
-                        f"{fault.step}: {p.reason}")
+    # On every rank: log diagnosis reads what follows the last such line as the attempt's end (a rank's own
+    # OOM traceback before it was repaired here; hpc_agent/diagnosis/logscan.py since_last_repair).
+    tr.recovery.say(f"in-job repair {budget - tr.recovery.left + 1} of {budget}: {fault.kind} at step "
+                    f"{fault.step}: {p.reason}")
     tr.recovery.record(fault, p, tr.cfg)
     tr.snapshots.settle()
     tr.engine.destroy()  # frees DeepSpeed's hooks and buffers before the new engine allocates its own

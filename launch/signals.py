@@ -15,17 +15,19 @@ rank stops all of them at the same point. The checkpoint then holds the state af
 samples: the data position is the step number).
 
 Exit code 75 (``exitcodes.PREEMPTED``) means "a complete checkpoint exists; resume from it". What
-happens to the Slurm job after the save is :func:`hand_back_to_slurm`'s business.
+happens to the Slurm job after the save is :func:`hand_back_to_slurm`'s business; under hpc_agent's job
+script a SIGUSR2 rank exits 0 instead and the batch shell reports 75 (``hpc_agent/handback.py``).
 """
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Callable, Dict, Optional
 
 from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
-from hpc_agent.handback import BATCH_REQUEUE_ENV
+from hpc_agent.handback import BATCH_REQUEUE_ENV, marker_path
 
 HANDLED = (signal.SIGTERM, signal.SIGUSR2)
 WAIT_FOR_SLURM_S = 3600.0  # longer than any GraceTime + KillWait: Slurm ends the wait first
@@ -96,16 +98,18 @@ def own_job_id(environ) -> Optional[str]:
     return environ.get("SLURM_JOB_ID") or None
 
 
-def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 120) -> None:
-    """After the signal's checkpoint is complete, let Slurm decide the job's fate correctly.
+def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 120) -> int:
+    """After the signal's checkpoint is complete, let Slurm decide the job's fate correctly; returns the
+    exit code for this rank.
 
     Measured on the localhost Slurm: a job whose tasks *exit* during the preemption grace time ends
     FAILED and is NOT requeued. So the job must not simply exit:
 
     - SIGUSR2 is Slurm's warning (``--signal=USR2@lead``): the time limit is near, or, with
       ``SlurmctldParameters=preempt_send_user_signal``, a preemption has begun. Under hpc_agent's job
-      script (``hpc_agent.handback.BATCH_REQUEUE_ENV`` set) every rank just exits 75 and the batch shell requeues the job
-      once the training step has ended. Measured on the localhost Slurm (22.05): a requeue while the step's
+      script (``hpc_agent.handback.BATCH_REQUEUE_ENV`` set) rank 0 leaves the hand-back marker, every rank
+      exits 0 (so that srun does not terminate the step: ``hpc_agent/handback.py``), and the batch shell
+      requeues the job once the training step has ended. Measured on the localhost Slurm (22.05): a requeue while the step's
       tasks live leaves the step to slurmstepd's kill loop, which ends it ~2.3 s later (1 s sleeps between
       checks), and Slurm requeues only then; a requeue after the step ended is done in ~0.1 s. Elsewhere
       rank 0 requeues the job itself (``scontrol requeue``, as submitit does), which also ends every task.
@@ -121,22 +125,28 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
     """
     job_id = own_job_id(os.environ)
     if not job_id:
-        return
+        return EXIT_SIGNALLED_AFTER_CHECKPOINT
     if signum == signal.SIGUSR2:
-        if os.environ.get("SLURM_PROCID", "0") == "0":
-            from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+        batch_requeues = os.environ.get(BATCH_REQUEUE_ENV) == "1"
+        if os.environ.get("SLURM_PROCID", "0") != "0":
+            return 0 if batch_requeues else EXIT_SIGNALLED_AFTER_CHECKPOINT
+        from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
-            _say_why_usr2(SlurmCLI(timeout_s=10), job_id, lead_s, say)
-            if os.environ.get(BATCH_REQUEUE_ENV) == "1":
-                say(f"exiting {EXIT_SIGNALLED_AFTER_CHECKPOINT}: the batch script requeues job {job_id} once every rank has "
-                    "ended; this attempt ends now")
-                return
-            try:
-                SlurmCLI(timeout_s=20).run(["scontrol", "requeue", job_id])
-                say(f"requeued job {job_id} (scontrol requeue); this attempt ends now")
-            except SlurmError as exc:
-                say(f"could not requeue job {job_id} ({exc}); exiting 75 for the watcher to resume")
-        return
+        _say_why_usr2(SlurmCLI(timeout_s=10), job_id, lead_s, say)
+        if batch_requeues:
+            if _leave_marker(os.environ):
+                say(f"exiting 0 (hand-back marker left): the batch script requeues job {job_id} once every rank "
+                    "has ended; this attempt ends now")
+                return 0
+            say(f"exiting {EXIT_SIGNALLED_AFTER_CHECKPOINT}: the batch script requeues job {job_id} once every "
+                "rank has ended; this attempt ends now")
+            return EXIT_SIGNALLED_AFTER_CHECKPOINT
+        try:
+            SlurmCLI(timeout_s=20).run(["scontrol", "requeue", job_id])
+            say(f"requeued job {job_id} (scontrol requeue); this attempt ends now")
+        except SlurmError as exc:
+            say(f"could not requeue job {job_id} ({exc}); exiting 75 for the watcher to resume")
+        return EXIT_SIGNALLED_AFTER_CHECKPOINT
     if signum == signal.SIGTERM:
         say(f"checkpoint complete; waiting for Slurm to requeue (preemption) or end (scancel) job {job_id}")
         ended = []
@@ -144,3 +154,20 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
         deadline = time.monotonic() + WAIT_FOR_SLURM_S
         while not ended and time.monotonic() < deadline:
             time.sleep(0.5)
+        return EXIT_SIGNALLED_AFTER_CHECKPOINT
+    return EXIT_SIGNALLED_AFTER_CHECKPOINT
+
+
+def _leave_marker(environ) -> bool:
+    """Rank 0's "checkpoint complete, requeue me" for the batch shell (``hpc_agent.handback.marker_path``);
+    False when it cannot be written, and the rank exits 75 instead."""
+    from hpc_agent.fsutil import atomic_write_text
+
+    run_dir, job_id = environ.get("HPC_AGENT_RUN_DIR"), environ.get("SLURM_JOB_ID")
+    if not run_dir or not job_id or not os.path.isdir(run_dir):  # never create a run dir here
+        return False
+    try:
+        atomic_write_text(Path(marker_path(run_dir, job_id)), f"{job_id}\n")
+    except OSError:
+        return False
+    return True

@@ -235,9 +235,13 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
                                      preempt_node, submit, wait_for)
 
     root = work / f"{mode}-{index}"
+    # The scenario needs the other node free: a job cancelled by the trial before is COMPLETING for up to
+    # KillWait (30 s), and a preemptor may still hold its node.
+    wait_for(cluster_idle, 120, interval=0.5, what="an idle cluster before the trial")
     run_dir, job = submit(root, *LONG_RUN, f"run.name={mode}{index}", "slurm.nodes=1", f"slurm.partition={partition}",
                           "train.max_steps=100000", "train.ckpt_every=1000")
     watcher = WatcherProcess(root, interval=interval) if mode == "watcher" else None
+    preemptor = None
     try:
         wait_for(lambda: last_step(log_text(run_dir, job)) >= 20, 300, what="training to start")
         before = len(log_text(run_dir, job))
@@ -275,6 +279,8 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
         if watcher:
             watcher.stop()
         cleanup_jobs(root)
+        if preemptor:
+            subprocess.run(["scancel", preemptor], capture_output=True, timeout=30)
     print(f"  {mode} trial {index + 1}: {latency:.1f} s, {first_node} -> {resumed_node}, steps redone "
           f"{steps['steps_redone']}", flush=True)
     for seg in breakdown(milestones):
@@ -282,6 +288,13 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
     return {"mode": mode, "trial": index, "latency_s": round(latency, 2), "job_id": job, "preemptor_id": preemptor,
             "partition": partition, "nodes_before": first_node, "nodes_after": resumed_node, **steps,
             "milestones": {k: round(v, 3) for k, v in milestones.items()}, "breakdown": breakdown(milestones)}
+
+
+def cluster_idle() -> bool:
+    """No job queued, running or completing, and every node idle."""
+    queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30).stdout.split()
+    return not queue and bool(nodes) and all(state == "idle" for state in nodes)
 
 
 def scheduler(setting: str) -> str:

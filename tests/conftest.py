@@ -45,6 +45,16 @@ def runs_root(tmp_path, monkeypatch):
     return root
 
 
+@pytest.fixture
+def root(tmp_path):
+    """A runs root for a real-cluster test; whatever the test left queued or running there is cancelled after."""
+    from tests.slurm_helpers import cleanup_jobs
+
+    root = tmp_path / "runs"
+    yield root
+    cleanup_jobs(root)
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m <args>`` as a user would, capturing output."""
     full_env = dict(os.environ)

@@ -147,10 +147,11 @@ def preempt_node(node: str, seconds: int) -> str:
     return out.strip().split(";")[0]
 
 
-def first_attempt_pids(job_id: str) -> List[int]:
-    """Every process on this host (all nodes of the localhost cluster) of the job's *first* attempt: its
-    environment names the job and has no SLURM_RESTART_COUNT (Slurm sets it from the first requeue on).
-    The batch shell, srun and every rank count; slurmstepd (no job environment) does not."""
+def job_pids(job_id: str, first_attempt_only: bool = False) -> List[int]:
+    """Every process on this host (all nodes of the localhost cluster) of the job: its environment names the
+    job. The batch shell, srun and every rank count; slurmstepd (no job environment) does not. With
+    ``first_attempt_only``, only those of the job's first attempt: no SLURM_RESTART_COUNT (Slurm sets it from
+    the first requeue on)."""
     want = f"SLURM_JOB_ID={job_id}".encode()
     found = []
     for proc in Path("/proc").iterdir():
@@ -160,6 +161,18 @@ def first_attempt_pids(job_id: str) -> List[int]:
             env = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if want in env and not any(e.startswith(b"SLURM_RESTART_COUNT=") for e in env):
+        if want in env and not (first_attempt_only and any(e.startswith(b"SLURM_RESTART_COUNT=") for e in env)):
             found.append(int(proc.name))
     return sorted(found)
+
+
+def first_attempt_pids(job_id: str) -> List[int]:
+    """The processes of the job's *first* attempt (:func:`job_pids`)."""
+    return job_pids(job_id, first_attempt_only=True)
+
+
+def run_phase(root: Path, run_id: str) -> str:
+    """The run's phase in the ledger under the runs root."""
+    from hpc_agent.ledger import Ledger
+
+    return Ledger.in_runs_root(root).run(run_id).phase

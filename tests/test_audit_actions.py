@@ -94,7 +94,8 @@ def test_watcher_scenarios_leave_action_records(world):  # noqa: F811
     _, job = add_run(world, "oom", log=OOM_LOG)
     slurm.fail(job, 3)
     watcher.tick()
-    (_, resubmit), = action_records(ledger, "oom")
+    (_, release), (_, resubmit) = action_records(ledger, "oom")  # the ended job's run lease first (it held none)
+    assert release["action"] == "release_lease" and release["result"] == "no lease of this job"
     assert resubmit["action"] == "resubmit" and resubmit["config_diff"]["train.micro_batch_size"] == {"from": 8, "to": 4}
     assert resubmit["result"].startswith("submitted as job ") and resubmit["cause"] == "gpu_oom"
     _, job = add_run(world, "pre")

@@ -102,6 +102,9 @@ def _header(attempt, start, end=100):
     return f"[hpc_agent] attempt {attempt}: training steps {start}..{end}, global batch 8 = 8 x 1 x 1 ranks"
 
 
+_REPAIR = "[hpc_agent] in-job repair 1 of 2: nan at step 41: roll back to the newest checkpoint, lr x 0.5"
+
+
 def _step(n):
     return f"[hpc_agent] step {n} loss 1.23 lr 1e-3 grad_norm 0.5 step_time 0.01s ({n}/100)"
 
@@ -116,6 +119,13 @@ def _step(n):
     # a resubmission is another job's log; an attempt that trained nothing yet has no last step
     (["\n".join([_header(0, 1), _step(3)]), _header(1, 3)], (Segment(0, 1, 3), Segment(1, 3, None)), False),
     (["\n".join([_header(2, 41), _step(100), "[hpc_agent] done: 100 steps"])], (Segment(2, 41, 100),), True),
+    # an in-job repair rolls back inside the same attempt: the steps after its resume are a new segment
+    (["\n".join([_header(0, 1), _step(40), _REPAIR, "[hpc_agent] resumed at step 30 (data position 120 samples) "
+                 "from step_00000030", _step(31)])], (Segment(0, 1, 40), Segment(0, 31, 31)), False),
+    # ... from the start when there was no checkpoint yet; a resume line without a repair opens nothing
+    (["\n".join([_header(0, 1), _step(7), _REPAIR, _step(1), _step(2)])], (Segment(0, 1, 7), Segment(0, 1, 2)), False),
+    (["\n".join([_header(1, 31), "[hpc_agent] resumed at step 30 (data position 120 samples) from x", _step(31)])],
+     (Segment(1, 31, 31),), False),
 ])
 def test_parse_progress(texts, segments, done):
     progress = parse_progress(texts)
@@ -249,12 +259,15 @@ def test_trigger_nan_fires_once_even_across_attempts(tmp_path):
     assert math.isnan(resumed.loss(2.0))
 
 
-def test_trigger_gpu_oom_raises_a_cuda_style_error(tmp_path):
+def test_trigger_gpu_oom_raises_a_cuda_style_error_from_the_next_forward_only(tmp_path):
     import torch
 
     _write(tmp_path, kind="gpu_oom", nonce="g")
-    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
-        _trigger(tmp_path).before_step(9)
+    trig = _trigger(tmp_path)
+    trig.before_step(9)  # armed here; raised where a real OOM happens, inside the step's forward
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory.*nonce g"):
+        trig.loss(torch.tensor(1.0))
+    assert float(trig.loss(torch.tensor(2.0))) == 2.0  # once
 
 
 def test_trigger_ignores_unknown_kinds(tmp_path, capsys):

@@ -13,7 +13,7 @@ from hpc_agent.diagnosis.causes import ADVICE, ALL_CAUSES, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import choose_root, classify_attempt, classify_job, logs_per_attempt
 from hpc_agent.diagnosis.exit_codes import EXIT_CODES, as_table, cause_for_exit
 from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, LogText, host_by_rank, parse_timestamp, scan_log,
-                                         split_attempts, split_by_time)
+                                         since_last_repair, split_attempts, split_by_time)
 from hpc_agent.slurm.sacct import attempts_of, parse_sacct
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -322,3 +322,44 @@ def test_completed_allocation_with_an_oom_step_stays_completed():
     [attempt] = attempts_of(parse_sacct(text), "12")
     diagnosis = classify_attempt(attempt)
     assert diagnosis.cause == Cause.COMPLETED and "12.extern OUT_OF_MEMORY" in diagnosis.evidence[0]
+
+
+# --- an in-job repair (issue 17) ---------------------------------------------------------------------------
+REPAIRED_THEN_PREEMPTED = "\n".join([
+    "submitit INFO (2026-11-30 14:00:00,000) - Starting with JobEnvironment(job_id=376, hostname=node1, "
+    "local_rank=0(1), node=0(1), global_rank=0(1))",
+    "[hpc_agent] step 40 loss 1.9",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    "[hpc_agent] in-job repair 1 of 2: gpu_oom at step 41: micro batch 8 -> 4 x accumulation 2, global batch kept",
+    "[hpc_agent] resumed at step 25 (data position 200 samples) from snap_00000025",
+    "[hpc_agent] step 60 loss 1.8",
+    "[hpc_agent] SIGUSR2 with 4:56 left before the time limit: a preemption notice",
+    "slurmstepd: error: *** JOB 376 ON node1 CANCELLED AT 2026-11-30T14:12:01 DUE TO JOB REQUEUE ***",
+])
+
+
+@pytest.mark.parametrize("text, kept, dropped", [
+    (REPAIRED_THEN_PREEMPTED, "preemption notice", "CUDA out of memory"),
+    # no repair: the piece as it is
+    ("torch.OutOfMemoryError: CUDA out of memory.\n[hpc_agent] step 3 loss 1", "CUDA out of memory", None),
+    # the budget was spent: the second OOM comes after the last repair and is what ended the attempt
+    (REPAIRED_THEN_PREEMPTED.replace("[hpc_agent] SIGUSR2", "torch.OutOfMemoryError: CUDA out of memory again\n#"),
+     "CUDA out of memory again", "Tried to allocate"),
+])
+def test_since_last_repair(text, kept, dropped):
+    piece = since_last_repair(LogText("376_0_log.out", text))
+    assert kept in piece.text and (dropped is None or dropped not in piece.text)
+
+
+def test_an_attempt_that_repaired_an_oom_in_the_job_and_was_then_requeued_is_preempted():
+    """Found in the P2 chaos run: the requeued attempt was diagnosed gpu_oom from the OOM the job had already
+    repaired, and the watcher did not expedite it (128 s instead of ~8 s)."""
+    text = "\n".join(["JobID|JobName|State|ExitCode|Start|End|NodeList|Reason",
+                      "376|hpc_agent:r|REQUEUED|0:0|2026-11-30T14:00:00|2026-11-30T14:12:01|node1|None"])
+    (attempt,) = attempts_of(parse_sacct(text), "376")
+    diagnosis = classify_attempt(attempt, logs_per_attempt([attempt], [LogText("376_0_log.out",
+                                                                             REPAIRED_THEN_PREEMPTED)])[0])
+    assert diagnosis.cause.value == "preempted", diagnosis
+    without_repair_line = REPAIRED_THEN_PREEMPTED.replace("[hpc_agent] in-job repair", "[hpc_agent] something")
+    before = classify_attempt(attempt, [LogText("376_0_log.out", without_repair_line)])
+    assert before.cause.value == "gpu_oom"  # the same log read whole: the OOM would win

@@ -13,8 +13,8 @@ import pytest
 from hpc_agent.config.load import build_config
 from hpc_agent.diagnosis.alarms import Alarm
 from hpc_agent.diagnosis.logscan import LogText
-from hpc_agent.follow import (EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY, REQUEUE_EFFECT, RESUBMIT_EFFECT, Observation,
-                              RunFiles, RunState, Wants, follow, history_from, situation_from, wants)
+from hpc_agent.follow import (EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY, RELEASE_LEASE, REQUEUE_EFFECT, RESUBMIT_EFFECT,
+                              Observation, RunFiles, RunState, Wants, follow, history_from, situation_from, wants)
 from hpc_agent.lifecycle import Phase
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 
@@ -68,8 +68,8 @@ CASES = [
     ("node failure requeued by slurm: exclude + expedite", state(), (NODE_FAIL_ROW, row("PENDING")), NOT_ASKED,
      files("[hpc_agent] step 3 loss 2.0\n"), Phase.PENDING, [EXCLUDE, EXPEDITE]),
     ("gpu oom: ask squeue before acting", state(), (row("FAILED", "3:0"),), NOT_ASKED, files(OOM), Phase.RUNNING, []),
-    ("gpu oom: resubmit with a smaller micro-batch", state(), (row("FAILED", "3:0"),), "", files(OOM),
-     Phase.RECOVERING, [RESUBMIT_EFFECT]),
+    ("gpu oom: free the ended job's run lease, resubmit with a smaller micro-batch", state(), (row("FAILED", "3:0"),),
+     "", files(OOM), Phase.RECOVERING, [RELEASE_LEASE, RESUBMIT_EFFECT]),
     ("gpu oom but squeue did not answer: wait", state(), (row("FAILED", "3:0"),), None, files(OOM), Phase.RUNNING, []),
     ("timeout: requeue and expedite", state(), (row("TIMEOUT", "0:15"),), "", files(), Phase.RECOVERING,
      [REQUEUE_EFFECT, EXPEDITE]),
@@ -88,7 +88,7 @@ CASES = [
      files(PREEMPT, problems=("config.yaml: bad",)), Phase.NEEDS_ATTENTION, [NOTIFY]),
     ("nan loss: resubmit with rollback", state(), (row("FAILED", "65:0"),), "",
      files("[hpc_agent] step 24 loss 2.1\n", steps=(10, 20, 30), alarms=(Alarm("nonfinite_loss", 25, "loss nan"),)),
-     Phase.RECOVERING, [RESUBMIT_EFFECT]),
+     Phase.RECOVERING, [RELEASE_LEASE, RESUBMIT_EFFECT]),
     ("legacy recovering run: recovered once a newer attempt exists",
      state(Phase.RECOVERING, last_decision={"job_id": "9", "attempt": 0, "action": "requeue", "cause": "timeout",
                                             "reason": "x", "patch": {}, "decision": {}}),
@@ -109,7 +109,8 @@ def test_follow_edge(name, run, rows, queue, found, phase, effects):
 
 def test_resubmit_carries_the_ladder_patch_and_the_audit_names_the_config_diff():
     outcome = follow(state(), Observation(attempts(row("FAILED", "3:0")), "", files(OOM)))
-    (effect,) = outcome.effects
+    release, effect = outcome.effects
+    assert (release.kind, release.job_id) == (RELEASE_LEASE, effect.job_id)  # only that job's lease, if it holds one
     assert effect.args["patch"] == {"train.micro_batch_size": 4, "train.grad_accum_steps": 2}
     (audit,) = outcome.audit
     assert audit["config_diff"]["train.micro_batch_size"] == {"from": 8, "to": 4}

@@ -18,17 +18,10 @@ import pytest
 from hpc_agent.ops_cache import OPS_DIR_ENV
 from hpc_agent.slurm.sacct import parse_parsable2
 from tests.conftest import run_cli
-from tests.slurm_helpers import SLURM, cleanup_jobs, events, ledger_job_ids, log_text
+from tests.slurm_helpers import SLURM, events, ledger_job_ids, log_text
 
 pytestmark = pytest.mark.slurm
 TIGHT = ("slurm.cpus_per_task=1", "slurm.mem=2G", "slurm.time=00:05:00")
-
-
-@pytest.fixture
-def root(tmp_path):
-    root = tmp_path / "runs"
-    yield root
-    cleanup_jobs(root)
 
 
 def clean_user_env(tmp_path: Path, **extra: str) -> Dict[str, str]:

@@ -38,6 +38,38 @@ def test_exit_75_requeues_the_job_and_wakes_the_watcher(tmp_path, env, expected)
     assert (tmp_path / "runs" / handback.WAKE_FILE).is_file()
 
 
+def test_exit_0_with_rank_0s_marker_requeues_and_reports_75(tmp_path):
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    marker = handback.marker_path(run_dir, "41")
+    open(marker, "w").close()
+    proc, calls = _run_teardown(tmp_path, 0, {"HPC_AGENT_RUN_DIR": str(run_dir)})
+    assert proc.returncode == EXIT_SIGNALLED_AFTER_CHECKPOINT and calls == ["requeue 41"]
+    assert not os.path.exists(marker)  # used once
+
+
+def test_a_linked_marker_or_another_jobs_marker_does_not_requeue(tmp_path):
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    open(handback.marker_path(run_dir, "40"), "w").close()  # an earlier job's
+    proc, calls = _run_teardown(tmp_path, 0, {"HPC_AGENT_RUN_DIR": str(run_dir)})
+    assert proc.returncode == 0 and calls == []
+    (tmp_path / "elsewhere").write_text("")
+    os.symlink(tmp_path / "elsewhere", handback.marker_path(run_dir, "41"))
+    proc, calls = _run_teardown(tmp_path, 0, {"HPC_AGENT_RUN_DIR": str(run_dir)})
+    assert proc.returncode == 0 and calls == []
+
+
+def test_the_setup_lines_remove_a_stale_marker_of_this_job(tmp_path):
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    open(handback.marker_path(run_dir, "41"), "w").close()
+    script = "\n".join(handback.batch_setup_lines())
+    subprocess.run(["bash", "-c", script], env={**os.environ, "HPC_AGENT_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "41"},
+                   check=True, timeout=30)
+    assert not os.path.exists(handback.marker_path(run_dir, "41"))
+
+
 @pytest.mark.parametrize("step_rc", [0, 1, 137])
 def test_any_other_exit_code_is_left_alone(tmp_path, step_rc):
     proc, calls = _run_teardown(tmp_path, step_rc, {})
@@ -72,10 +104,10 @@ def test_wake_file_reports_each_touch_once_and_ignores_its_absence(tmp_path):
 
 
 def test_the_job_script_sets_the_hand_back_variable():
-    assert handback.batch_setup_lines() == [f"export {handback.BATCH_REQUEUE_ENV}=1"]
+    assert handback.batch_setup_lines()[0] == f"export {handback.BATCH_REQUEUE_ENV}=1"
 
 
-def test_under_hpc_agents_job_script_rank_0_leaves_the_requeue_to_the_batch_shell(monkeypatch):
+def test_under_hpc_agents_job_script_rank_0_leaves_the_requeue_to_the_batch_shell(monkeypatch, tmp_path):
     import signal
 
     from launch import signals
@@ -85,10 +117,19 @@ def test_under_hpc_agents_job_script_rank_0_leaves_the_requeue_to_the_batch_shel
     monkeypatch.setattr("hpc_agent.slurm.cli.SlurmCLI.run", lambda self, argv, **kw: ran.append(argv))
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("HPC_AGENT_RUN_DIR", str(tmp_path))
     monkeypatch.setenv(handback.BATCH_REQUEUE_ENV, "1")
     said = []
-    signals.hand_back_to_slurm(signal.SIGUSR2, said.append)
+    # exit 0 (srun does not terminate the step) with the marker the batch shell turns back into 75
+    assert signals.hand_back_to_slurm(signal.SIGUSR2, said.append) == 0
     assert ran == [] and "the batch script requeues job 41" in said[-1] and "this attempt ends now" in said[-1]
+    assert (tmp_path / ".handback-41").read_text() == "41\n"
+    monkeypatch.setenv("SLURM_PROCID", "1")  # the other ranks exit 0 and leave no marker
+    (tmp_path / ".handback-41").unlink()
+    assert signals.hand_back_to_slurm(signal.SIGUSR2, said.append) == 0 and not (tmp_path / ".handback-41").exists()
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("HPC_AGENT_RUN_DIR", str(tmp_path / "missing"))  # no marker possible: exit 75, the slow path
+    assert signals.hand_back_to_slurm(signal.SIGUSR2, said.append) == EXIT_SIGNALLED_AFTER_CHECKPOINT
     monkeypatch.delenv(handback.BATCH_REQUEUE_ENV)  # a user's own script: rank 0 requeues, as before
-    signals.hand_back_to_slurm(signal.SIGUSR2, said.append)
+    assert signals.hand_back_to_slurm(signal.SIGUSR2, said.append) == EXIT_SIGNALLED_AFTER_CHECKPOINT
     assert ran == [["scontrol", "requeue", "41"]]

@@ -14,45 +14,16 @@ import datetime as _dt
 import json
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from hpc_agent import rundir
-from hpc_agent.ledger import Ledger
-from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, attempts, cleanup_jobs, events, ledger_job_ids,
-                                 log_text, submit, wait_for)
+from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, attempts, events, ledger_job_ids,
+                                 log_text, submit, wait_for, job_pids, run_phase as phase)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 FAST = ["resilience.heartbeat_s=1", "resilience.hang_floor_s=10", "resilience.stack_wait_s=5", "train.zero_stage=0",
         "slurm.partition=high"]  # high: a preemption test's job in high cannot preempt it midway
-
-
-@pytest.fixture
-def root(tmp_path):
-    root = tmp_path / "runs"
-    yield root
-    cleanup_jobs(root)
-
-
-def phase(root: Path, run_id: str) -> str:
-    return Ledger.in_runs_root(root).run(run_id).phase
-
-
-def processes_of_job(job_id: str) -> list:
-    """pids on this host (both localhost nodes) whose environment says SLURM_JOB_ID=<job_id>."""
-    found = []
-    needle = f"SLURM_JOB_ID={job_id}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
-            found.append(int(entry.name))
-    return found
 
 
 def test_a_hang_at_step_n_is_detected_with_its_stack_and_resumed(root):
@@ -64,7 +35,7 @@ def test_a_hang_at_step_n_is_detected_with_its_stack_and_resumed(root):
         wait_for(lambda: len(ledger_job_ids(root, run_dir.name)) == 2, 120, what="the hung job to be resubmitted")
         # Slurm had ended the hung job before the new one was submitted (await_end), and nothing of it is left.
         assert attempts(job)[-1].state == "CANCELLED", [a.state for a in attempts(job)]
-        assert processes_of_job(job) == []
+        assert job_pids(job) == []
         wait_for(lambda: phase(root, run_dir.name) == "completed", 240, what="the resubmitted run to complete")
         found = events(run_dir)
         suspected = [e for e in found if e.get("action") == "hang_suspected"]
@@ -78,7 +49,7 @@ def test_a_hang_at_step_n_is_detected_with_its_stack_and_resumed(root):
         assert any(e.get("action") == "request_stacks" and e.get("by") for e in found)
         new_job = ledger_job_ids(root, run_dir.name)[-1]
         assert "resumed at step 10" in log_text(run_dir, new_job), log_text(run_dir, new_job)[-2000:]
-        assert processes_of_job(new_job) == []
+        assert job_pids(new_job) == []
     finally:
         watcher.stop()
 

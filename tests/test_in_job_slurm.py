@@ -7,17 +7,10 @@ import pytest
 
 from hpc_agent.ledger import Ledger
 from tests.conftest import run_cli
-from tests.slurm_helpers import (LONG_RUN, WatcherProcess, attempts, cleanup_jobs, events, ledger_job_ids, log_text,
+from tests.slurm_helpers import (LONG_RUN, WatcherProcess, attempts, events, ledger_job_ids, log_text,
                                  submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-@pytest.fixture
-def root(tmp_path):
-    root = tmp_path / "runs"
-    yield root
-    cleanup_jobs(root)
 
 
 @pytest.mark.parametrize("name,fault,cause,patch", [

@@ -13,25 +13,12 @@ import time
 import pytest
 
 from hpc_agent.chaos import inject
-from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, events, job_nodes, last_step, ledger_job_ids,
-                                 log_text, submit, wait_for)
+from tests.slurm_helpers import (LONG_RUN, WatcherProcess, events, job_nodes, last_step, ledger_job_ids,
+                                 log_text, submit, wait_for, run_phase as phase)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 EVERY = 2
-
-
-def phase(root, run_id):
-    from hpc_agent.ledger import Ledger
-
-    return Ledger.in_runs_root(root).run(run_id).phase
-
-
-@pytest.fixture
-def root(tmp_path):
-    root = tmp_path / "runs"
-    yield root
-    cleanup_jobs(root)
 
 
 def test_node_failure_redoes_at_most_the_snapshot_interval(root):

@@ -18,19 +18,12 @@ from hpc_agent.ledger import Ledger
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.sweep.driver import objective_value
 from tests.conftest import REPO, run_cli
-from tests.slurm_helpers import SLURM, WatcherProcess, attempts, cleanup_jobs, log_text, preempt_all_nodes, wait_for
+from tests.slurm_helpers import SLURM, WatcherProcess, attempts, log_text, preempt_all_nodes, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 EXAMPLE = REPO / "configs" / "sweep_classifier.yaml"
-
-
-@pytest.fixture
-def root(tmp_path):
-    root = tmp_path / "runs"
-    yield root
-    cleanup_jobs(root)
 
 
 def sweep_file(tmp_path: Path, name: str, **changes) -> Path:

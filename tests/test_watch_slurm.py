@@ -11,24 +11,11 @@ import time
 import pytest
 
 from hpc_agent.config.load import load_snapshot
-from tests.slurm_helpers import (CLUSTER, LONG_RUN, SLURM, WatcherProcess, attempts, cleanup_jobs, events,
+from tests.slurm_helpers import (CLUSTER, LONG_RUN, SLURM, WatcherProcess, attempts, events,
                                  job_nodes, last_step, ledger_job_ids, log_text, preempt_all_nodes, states, submit,
-                                 wait_for)
+                                 wait_for, run_phase as phase)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-def phase(root, run_id):
-    from hpc_agent.ledger import Ledger
-
-    return Ledger.in_runs_root(root).run(run_id).phase
-
-
-@pytest.fixture
-def root(tmp_path):
-    root = tmp_path / "runs"
-    yield root
-    cleanup_jobs(root)
 
 
 def test_preemption_is_expedited_and_resumes(root):

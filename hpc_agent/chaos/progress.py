@@ -2,7 +2,10 @@
 
 Every attempt that trains prints ``[hpc_agent] attempt N: training steps A..B`` before its first step
 and ``[hpc_agent] step S loss ...`` for each logged step, so the logs of a run's jobs (in job order;
-a requeued job appends to its own log) split into segments, one per attempt that trained.
+a requeued job appends to its own log) split into segments, one per attempt that trained. An in-job repair
+(``[hpc_agent] in-job repair K of B: ...``, ``launch/recovery.py``) rebuilds the engine inside the same attempt
+and resumes from a checkpoint (``resumed at step R``) or from the start: the steps after it are a new segment
+of the same attempt, so a repair reads like a recovery that needed no new job.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from typing import Iterable, List, Optional, Tuple
 _HEADER = re.compile(r"\[hpc_agent\] attempt (\d+): training steps (\d+)\.\.(\d+)")
 _STEP = re.compile(r"\[hpc_agent\] step (\d+) loss ")
 _DONE = re.compile(r"\[hpc_agent\] done: (\d+) steps")
+_REPAIR = re.compile(r"\[hpc_agent\] in-job repair \d+ of \d+: ")
+_RESUMED = re.compile(r"\[hpc_agent\] resumed at step (\d+) ")
 
 
 @dataclass(frozen=True)
@@ -50,13 +55,26 @@ def parse_progress(texts: Iterable[str]) -> Progress:
     segments: List[Segment] = []
     done = False
     for text in texts:
+        repaired = False  # an in-job repair was logged; its resume (or first step) opens the next segment
         for line in text.splitlines():
             header = _HEADER.search(line)
             if header:
                 segments.append(Segment(int(header.group(1)), int(header.group(2)), None))
+                repaired = False
+                continue
+            if segments and _REPAIR.search(line):
+                repaired = True
+                continue
+            resumed = _RESUMED.search(line) if repaired else None
+            if resumed:
+                segments.append(Segment(segments[-1].attempt, int(resumed.group(1)) + 1, None))
+                repaired = False
                 continue
             step = _STEP.search(line)
             if step and segments:
+                if repaired:  # no checkpoint to roll back to: the repair started over from step 1
+                    segments.append(Segment(segments[-1].attempt, 1, None))
+                    repaired = False
                 last = segments[-1]
                 segments[-1] = Segment(last.attempt, last.start_step, int(step.group(1)))
                 continue

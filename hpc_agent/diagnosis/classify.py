@@ -25,8 +25,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hpc_agent.diagnosis.alarms import Alarm
 from hpc_agent.diagnosis.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.diagnosis.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
-from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, LogText, parse_timestamp, scan_logs, split_attempts,
-                                         split_by_time)
+from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, LogText, parse_timestamp, scan_logs, since_last_repair,
+                                         split_attempts, split_by_time)
 from hpc_agent.slurm.sacct import Attempt
 
 PENDING_STATES = {"PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -264,7 +264,7 @@ def logs_per_attempt(attempts: Sequence[Attempt], logs: Sequence[LogText]) -> Li
             pieces = split_by_time(log, starts)  # type: ignore[arg-type]
         for offset, piece in enumerate(reversed(pieces)):
             if offset < len(started):
-                shares[started[-1 - offset]].append(piece)
+                shares[started[-1 - offset]].append(since_last_repair(piece))
     return shares
 
 

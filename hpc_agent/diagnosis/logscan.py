@@ -208,6 +208,21 @@ def split_attempts(log: LogText) -> List[LogText]:
     return [log]
 
 
+IN_JOB_REPAIR_MARKER = _rx(r"\[hpc_agent\] in-job repair \d+ of \d+: ")
+"""Printed by every rank when the job repairs a GPU OOM or a divergence inside its allocation
+(``launch/recovery.py``)."""
+
+
+def since_last_repair(piece: LogText) -> LogText:
+    """An attempt's lines after its last in-job repair: what went wrong before the repair was dealt with inside
+    the job (its OOM traceback, its NaN), so it is not what ended the attempt. The piece itself without one.
+    Found in a chaos run: an attempt that repaired an OOM and was later preempted was diagnosed ``gpu_oom``,
+    and the watcher did not expedite its requeue."""
+    numbered = list(piece.numbered_lines())
+    last = max((i for i, (_, line) in enumerate(numbered) if IN_JOB_REPAIR_MARKER.search(line)), default=None)
+    return piece if last is None else _piece(piece, numbered[last + 1:])
+
+
 def split_by_time(log: LogText, starts: Sequence[_dt.datetime], year: Optional[int] = None,
                   tolerance_s: float = 5.0) -> List[LogText]:
     """One piece per attempt start (oldest first) for a log without start markers: each line goes to the
