@@ -47,7 +47,9 @@ def marker_path(run_dir, job_id: str):
 def batch_setup_lines() -> List[str]:
     """Job-script lines before srun: the ranks leave the requeue to the batch shell; a marker left by an
     earlier attempt of this job (it died before its batch shell read it) must not requeue this one."""
-    return [f"export {BATCH_REQUEUE_ENV}=1", f'rm -f "$HPC_AGENT_RUN_DIR/{MARKER_PREFIX}$SLURM_JOB_ID"']
+    return [f"export {BATCH_REQUEUE_ENV}=1",
+            'if [ -n "${HPC_AGENT_RUN_DIR:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then '
+            f'rm -f "$HPC_AGENT_RUN_DIR/{MARKER_PREFIX}$SLURM_JOB_ID"; fi']
 
 
 def batch_teardown_lines() -> List[str]:

@@ -109,8 +109,8 @@ def by_watcher_core(case: Case) -> Dict[str, Any]:
     attempts = tuple(group_attempts(parse_sacct(case.sacct_text))[JOB])
     state = RunState("run", Phase.RUNNING, JOB, history=tuple(case.history))
     outcome = follow(state, Observation(attempts, "", RunFiles(case.cfg, (case.oom_log,))))
-    (effect,) = outcome.effects
-    assert effect.kind == (RESUBMIT_EFFECT if case.expected else NOTIFY), effect
+    effect = outcome.effects[-1]  # a resubmission comes after the release of the ended job's run lease
+    assert effect.kind == (RESUBMIT_EFFECT if case.expected else NOTIFY), outcome.effects
     return dict(effect.args.get("patch", {}))
 
 
