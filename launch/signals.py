@@ -154,7 +154,6 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
         deadline = time.monotonic() + WAIT_FOR_SLURM_S
         while not ended and time.monotonic() < deadline:
             time.sleep(0.5)
-        return EXIT_SIGNALLED_AFTER_CHECKPOINT
     return EXIT_SIGNALLED_AFTER_CHECKPOINT
 
 

@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Tuple
 
+from hpc_agent.diagnosis.logscan import IN_JOB_REPAIR_MARKER
+
 _HEADER = re.compile(r"\[hpc_agent\] attempt (\d+): training steps (\d+)\.\.(\d+)")
 _STEP = re.compile(r"\[hpc_agent\] step (\d+) loss ")
 _DONE = re.compile(r"\[hpc_agent\] done: (\d+) steps")
-_REPAIR = re.compile(r"\[hpc_agent\] in-job repair \d+ of \d+: ")
 _RESUMED = re.compile(r"\[hpc_agent\] resumed at step (\d+) ")
 
 
@@ -62,7 +63,7 @@ def parse_progress(texts: Iterable[str]) -> Progress:
                 segments.append(Segment(int(header.group(1)), int(header.group(2)), None))
                 repaired = False
                 continue
-            if segments and _REPAIR.search(line):
+            if segments and IN_JOB_REPAIR_MARKER.search(line):
                 repaired = True
                 continue
             resumed = _RESUMED.search(line) if repaired else None
