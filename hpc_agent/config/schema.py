@@ -17,16 +17,17 @@ from typing import Dict, List, Optional
 
 from hpc_agent.config.checks import (MEM_RE, NAME_RE, TIME_RE, check_choice, check_positive, check_shell_safe,
                                      raise_if)
+from hpc_agent.config.fields import path_problem
 from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsConfig, ModelConfig
 from hpc_agent.config.problems import Problem
 from hpc_agent.config.resilience import ResilienceConfig
+from hpc_agent.config.user_code import ContainerConfig, command_problems, workload_problem
 from hpc_agent.memory import REDUCE_BUCKET_SIZE
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-WORKLOADS = ("gpt", "classifier")
 __all__ = ["Config", "RunConfig", "SlurmConfig", "TrainConfig", "WatchConfig", "ModelConfig", "DataConfig",
-           "FaultsConfig", "ResilienceConfig", "SECTIONS", "IMBALANCE_METHODS"]
+           "FaultsConfig", "ResilienceConfig", "ContainerConfig", "SECTIONS", "IMBALANCE_METHODS"]
 
 @dataclass
 class RunConfig:
@@ -107,6 +108,16 @@ class SlurmConfig:
     """Seconds before the time limit at which Slurm sends SIGUSR2 (``--signal=USR2@N``) so the job can
     checkpoint in time."""
 
+    python: Optional[str] = None
+    """The Python interpreter the job runs, as the compute nodes see it (e.g. a venv on the shared file
+    system). None: the one running submit (``sys.executable``). Ignored in a container, which runs
+    ``container.python``. ``doctor`` checks that it exists on a compute node."""
+
+    allow_gpu_task_mismatch: bool = False
+    """Accept ``tasks_per_node`` different from ``gpus_per_node``. Normally each GPU gets one rank, and a
+    mismatch means DeepSpeed uses fewer GPUs than you pay for; set this when your command starts its own
+    processes per GPU (e.g. torchrun)."""
+
     template: str = "default"
     """Name of the file in ``sbatch_templates/`` (without ``.yaml``) that supplies the environment setup
     lines and srun options of the job script."""
@@ -129,6 +140,17 @@ class SlurmConfig:
             problems.append(Problem("slurm.gpus_per_node", self.gpus_per_node, "0 (CPU only) or a positive number"))
         if self.gpu_memory_gib is None or self.gpu_memory_gib < 0:
             problems.append(Problem("slurm.gpu_memory_gib", self.gpu_memory_gib, "0 (look it up) or the GiB of one GPU"))
+        if (self.gpus_per_node and self.tasks_per_node and self.gpus_per_node > 0 and self.tasks_per_node > 0
+                and self.gpus_per_node != self.tasks_per_node and not self.allow_gpu_task_mismatch):
+            problems.append(Problem(
+                "slurm.tasks_per_node", self.tasks_per_node,
+                f"{self.gpus_per_node} (one rank per GPU: slurm.gpus_per_node={self.gpus_per_node}; otherwise "
+                f"DeepSpeed uses {min(self.tasks_per_node, self.gpus_per_node)} of the {self.gpus_per_node} GPUs per node); "
+                f"or set slurm.gpus_per_node={self.tasks_per_node}, or slurm.allow_gpu_task_mismatch=true if your "
+                "command starts one process per GPU itself"))
+        if self.python is not None and (not str(self.python).startswith("/") or path_problem(str(self.python), sbatch=False)):
+            problems.append(Problem("slurm.python", self.python, "an absolute path to a Python interpreter as the "
+                                    "compute nodes see it, e.g. /shared/venvs/train/bin/python (or null: this one)"))
         for name in ("partition", "account", "qos", "constraint", "exclude", "mem", "time", "template"):
             check_shell_safe(f"slurm.{name}", getattr(self, name), problems)
         if self.mem is not None and not MEM_RE.match(str(self.mem)):
@@ -152,8 +174,19 @@ class TrainConfig:
     """What the training job does; turned into a DeepSpeed config inside the job."""
 
     workload: str = "gpt"
-    """Which model and data: ``gpt`` (byte-level GPT on text shipped with the repo) or ``classifier``
-    (MLP on a generated, imbalanced dataset)."""
+    """Which model and data: ``gpt`` (byte-level GPT on text shipped with the repo), ``classifier`` (MLP on a
+    generated, imbalanced dataset), or your own as ``package.module:build``: an importable callable that
+    takes ``(cfg, device)`` and returns an object following the Workload protocol (docs/your_model.md)."""
+
+    command: Optional[List[str]] = None
+    """Run your own training script instead of a workload: an argv list such as ``[python, train.py, --epochs,
+    '3']``, run once per rank under srun (never through a shell). The job gives it the DeepSpeed config, run
+    directory, checkpoint directory and resume tag in the environment (docs/your_script.md)."""
+
+    snapshot_code: bool = True
+    """Copy your code (the ``train.workload`` package, or the ``.py`` files of ``train.command``) into the
+    run directory at submit and run that copy in every attempt, so a requeue a day later runs the code you
+    submitted, not what the checkout holds then. Its content hash is in ``run.json``."""
 
     max_steps: int = 100
     """Optimizer steps to train for."""
@@ -232,7 +265,9 @@ class TrainConfig:
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
         check_positive("train", self, ["max_steps", "micro_batch_size", "grad_accum_steps", "lr", "ckpt_every", "keep_checkpoints", "log_every", "reduce_bucket_size"], problems)
-        check_choice("train.workload", self.workload, WORKLOADS, problems)
+        if why := workload_problem(self.workload):
+            problems.append(Problem("train.workload", self.workload, why))
+        problems += command_problems(self.command)
         check_choice("train.precision", self.precision, PRECISIONS, problems)
         check_choice("train.offload", self.offload, OFFLOADS, problems)
         if self.zero_stage not in (0, 1, 2, 3):
@@ -310,6 +345,9 @@ class Config:
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     """Heartbeat, hang detection, in-job recovery and snapshots."""
 
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    """Run the job inside a container image (pyxis or Apptainer)."""
+
     env_origin: Dict[str, List[str]] = field(default_factory=dict)
     """Written by the loader, not by you: which keys took their value from ``${oc.env:NAME}`` at submit and
     from which variables (names only, never values). Kept in the run's config snapshot."""
@@ -331,4 +369,4 @@ class Config:
 
 SECTIONS = {"run": RunConfig, "slurm": SlurmConfig, "train": TrainConfig, "model": ModelConfig,
             "data": DataConfig, "faults": FaultsConfig, "watch": WatchConfig,
-            "resilience": ResilienceConfig}
+            "resilience": ResilienceConfig, "container": ContainerConfig}
