@@ -18,6 +18,7 @@ COMMANDS = {
     "sweep": "hyperparameter sweeps with Optuna",
     "prepare": "build the DeepSpeed ops jobs load, once, so that no job compiles",
     "config": "print the config reference; --list or --copy DIR: the shipped configs and templates",
+    "init": "start a project here: a starter hpc_agent.yaml and sbatch_templates/ to edit",
 }
 
 

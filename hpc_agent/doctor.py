@@ -2,9 +2,10 @@
 
 Checks that a training job can run here before it is submitted: Slurm answers, accounting is on, the
 partitions and their GPUs, the config is valid and sbatch would accept its resources (``--test-only``
-submits nothing), DeepSpeed's ops are prepared and no torch build lock is stuck, GPU health and the
-memory estimate. Each check prints ``OK|WARN|FAIL  name: detail``;
-the exit code is 1 when any check FAILs, else 0. Runs on login nodes: imports neither torch nor deepspeed.
+submits nothing), the job's Python or container works on a compute node (``doctor_job``), DeepSpeed's
+ops are prepared and no torch build lock is stuck, GPU health and the memory estimate. Each check prints
+``OK|WARN|FAIL  name: detail``; the exit code is 1 when any check FAILs, else 0. Runs on login nodes:
+imports neither torch nor deepspeed.
 
 ``--data PATH`` instead infers the ``data`` section of a config from a dataset file and writes it as
 YAML to ``--out`` (or stdout).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Sequence
@@ -105,7 +107,8 @@ def check_config(config: str, overrides: Sequence[str]) -> tuple[Check, Any]:
     except ConfigError as exc:
         problems = "; ".join(str(p) for p in exc.problems)
         return Check(FAIL, "config", f"{len(exc.problems)} problem(s): {problems}"), None
-    return Check(OK, "config", f"{config} is valid (workload {cfg.train.workload}, {cfg.slurm.nodes} node(s) x "
+    what = f"command {' '.join(cfg.train.command)}" if cfg.train.command else f"workload {cfg.train.workload}"
+    return Check(OK, "config", f"{config} is valid ({what}, {cfg.slurm.nodes} node(s) x "
                               f"{cfg.slurm.tasks_per_node} task(s), {cfg.slurm.gpus_per_node} GPU(s)/node)"), cfg
 
 
@@ -274,6 +277,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         checks.append(config_check)
         if cfg is not None and parts is not None:
             checks += check_sbatch(cli, cfg, parts)
+        if cfg is not None:  # the job's interpreter/container on a compute node (hpc_agent/doctor_job.py)
+            from hpc_agent import doctor_job
+            checks.append(Check(*doctor_job.check_code(cfg, os.getcwd())))
+            checks.append(Check(*(doctor_job.check_job_python(cli, cfg) if parts else
+                                  doctor_job.skipped("Slurm does not answer here, so no compute node to ask"))))
     checks += check_environment()
     health_checks, report, gpu_bytes = check_gpu_health()
     checks += health_checks

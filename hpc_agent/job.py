@@ -44,3 +44,28 @@ class TrainingJob:
 
     def __repr__(self) -> str:
         return f"TrainingJob(run_dir={self.run_dir!r})"
+
+
+class CommandJob:
+    """``train.command`` mode: each task runs ``launch.command.run``, which writes the attempt's DeepSpeed
+    config and then becomes the user's program (exec), so Slurm's signals reach it (docs/your_script.md).
+
+    ``workdir`` is where the command runs: the directory submit ran in, recorded in ``run.json`` at the first
+    submit so that a resubmission by the watcher (run from anywhere) uses the same one."""
+
+    def __init__(self, run_dir: str | Path, config_path: str | Path, workdir: str | Path | None):
+        self.run_dir = str(run_dir)
+        self.config_path = str(config_path)
+        self.workdir = str(workdir) if workdir else None
+
+    def __call__(self) -> int:
+        os.environ.setdefault("HPC_AGENT_RUN_DIR", self.run_dir)
+        from launch.command import run  # imported here: torch loads only inside the job
+
+        code = run(self.run_dir, self.config_path, self.workdir)
+        if code:
+            raise SystemExit(code)  # as TrainingJob: Slurm (and the local executor) record the real code
+        return code
+
+    def __repr__(self) -> str:
+        return f"CommandJob(run_dir={self.run_dir!r}, workdir={self.workdir!r})"

@@ -8,18 +8,17 @@ from __future__ import annotations
 import datetime as _dt
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Sequence
 
-from hpc_agent import rundir
+from hpc_agent import code_snapshot, containers, rundir
 from hpc_agent.config.fields import NAME, path_problem
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import Config
 from hpc_agent.config.yaml_safe import load_mapping
 from hpc_agent.handback import batch_setup_lines, batch_teardown_lines
-from hpc_agent.paths import code_root, templates_dir
+from hpc_agent.paths import code_root, find_template, template_dirs
 
 JOB_NAME_PREFIX = "hpc_agent:"
 EXECUTORS = ("auto", "slurm", "local")
@@ -65,15 +64,18 @@ class Template:
     srun_args: List[str]
 
 
-PLACEHOLDERS = ("run_dir", "run_id", "config", "repo")
+PLACEHOLDERS = ("run_dir", "run_id", "config", "repo") + containers.PLACEHOLDERS  # the last only in a container
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 
-def load_template(name: str) -> Template:
-    path = templates_dir() / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in templates_dir().glob("*.yaml")))
-        raise ConfigError([Problem("slurm.template", name, f"a template in {templates_dir()}: {known}")])
+def load_template(name: str, near: Sequence[Path | str] = ()) -> Template:
+    """The template ``name``: a project's own ``sbatch_templates/`` (next to a config file in ``near``, or
+    in the current directory) before the shipped one; ``hpc_agent.paths.template_dirs`` has the order."""
+    path = find_template(name, near)
+    if path is None:
+        folders = [d for d in template_dirs(near) if d.is_dir()]
+        known = ", ".join(sorted({p.stem for d in folders for p in d.glob("*.yaml")}))
+        raise ConfigError([Problem("slurm.template", name, f"a template in {' or '.join(map(str, folders))}: {known}")])
     data = load_mapping(path, "an sbatch template: a mapping with setup and srun_args lists")
     template = Template(setup=[str(x) for x in data.get("setup", [])],
                         srun_args=[str(x) for x in data.get("srun_args", [])])
@@ -146,6 +148,7 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
     """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``."""
     s = cfg.slurm
     values = template_values(run_id, run_dir, config_path)
+    values.update(containers.container_values(cfg, values))
     params: Dict[str, Any] = {
         "job_name": job_name_for(run_id),
         "comment": f"hpc_agent run_id={run_id}",
@@ -155,10 +158,13 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
         # USR2 <lead> s before the limit: time to write a checkpoint (--signal=USR2@lead).
         "signal_delay_s": s.signal_lead_s,
         "stderr_to_stdout": True,
-        "setup": render_lines(template.setup, values) + batch_setup_lines(),
+        # The run's code snapshot first on PYTHONPATH, in every attempt (hpc_agent/code_snapshot.py).
+        "setup": render_lines(template.setup, values) + render_lines(code_snapshot.setup_lines(cfg), values)
+        + batch_setup_lines(),
         "srun_args": render_args(template.srun_args, values),
         "teardown": batch_teardown_lines(),  # requeue after a signal's checkpoint, once the step ended
     }
+    containers.check_srun_args(cfg, containers.template_name(cfg), params["srun_args"])
     for name in ("partition", "account", "qos", "constraint", "exclude", "mem"):
         if getattr(s, name) is not None:
             params[name] = getattr(s, name)
@@ -178,6 +184,7 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
 
 def local_parameters(cfg: Config) -> Dict[str, Any]:
     """Keyword arguments for ``submitit.LocalExecutor.update_parameters``."""
+    containers.local_problem(cfg)
     return {
         "tasks_per_node": cfg.slurm.tasks_per_node,
         "gpus_per_node": cfg.slurm.gpus_per_node,
@@ -187,34 +194,48 @@ def local_parameters(cfg: Config) -> Dict[str, Any]:
     }
 
 
-def make_executor(kind: str, folder: Path, cfg: Config, run_id: str, run_dir: Path, config_path: Path,
-                  python: str | None = None):
+def job_python(cfg: Config, run_id: str, run_dir: Path, config_path: Path) -> str:
+    """The ``python`` string submitit puts, unquoted, before ``-u -m submitit.core._submit FOLDER``:
+    ``slurm.python`` (else ``sys.executable``), or the container's command; each word quoted once."""
+    return containers.job_python(cfg, template_values(run_id, run_dir, config_path))
+
+
+def make_executor(kind: str, folder: Path, cfg: Config, run_id: str, run_dir: Path, config_path: Path):
     """A configured submitit executor (imported here: submitit is only needed when submitting)."""
     import submitit
 
     if kind == "slurm":
         from hpc_agent.slurm.submitit_timeout import TimedSlurmExecutor  # submitit's, with sbatch bounded
 
-        executor = TimedSlurmExecutor(folder=folder, python=python or sys.executable)
-        params = slurm_parameters(cfg, run_id, run_dir, config_path, load_template(cfg.slurm.template))
+        python = job_python(cfg, run_id, run_dir, config_path)
+        params = slurm_parameters(cfg, run_id, run_dir, config_path,
+                                  load_template(containers.template_name(cfg), [config_path]))
+        executor = TimedSlurmExecutor(folder=folder, python=python)
     elif kind == "local":
-        executor = submitit.LocalExecutor(folder=folder, python=python or sys.executable)
         params = local_parameters(cfg)
+        if lines := code_snapshot.setup_lines(cfg):  # the same PYTHONPATH line, run by the local job's shell
+            params["setup"] = render_lines(lines, {"run_dir": str(run_dir)})
+        # local_parameters refused a container: so slurm.python, else this one
+        executor = submitit.LocalExecutor(folder=folder, python=containers.job_python(cfg, {}))
     else:
         raise ValueError(f"executor must be slurm or local, not {kind!r}")
     executor.update_parameters(**params)
     return executor
 
 
-def render_job_script(cfg: Config, run_id: str, run_dir: Path, config_path: Path, python: str | None = None) -> str:
+def render_job_script(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
+                      near: Sequence[Path | str] = ()) -> str:
     """The full sbatch script that ``make_executor("slurm", ...)`` would submit, without creating anything.
 
     submitit renders the script itself; we call its renderer directly because building an executor
-    creates the job folder, and a dry run must leave no trace.
+    creates the job folder, and a dry run must leave no trace. ``near``: config files whose
+    ``sbatch_templates/`` folder is searched first (the user's config file, before submit copies it).
     """
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = rundir.slurm_dir(run_dir)
-    params = slurm_parameters(cfg, run_id, run_dir, config_path, load_template(cfg.slurm.template))
-    command = " ".join([python or sys.executable, "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    python = job_python(cfg, run_id, run_dir, config_path)  # checks the paths before any template is looked up
+    params = slurm_parameters(cfg, run_id, run_dir, config_path,
+                              load_template(containers.template_name(cfg), [*near, config_path]))
+    command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
     return _make_sbatch_string(command=command, folder=folder, **params)

@@ -182,11 +182,18 @@ def _ranks(cfg: Any) -> int:
     return int(cfg.slurm.nodes) * int(cfg.slurm.tasks_per_node)
 
 
+COMMAND_NOTE = ("train.command runs your own script, whose model the estimate cannot know: no memory estimate "
+                "(the watcher's OOM ladder still repairs an out-of-memory through the DeepSpeed config)")
+
+
 def estimate_from_config(cfg: Any) -> Estimate:
     """:func:`estimate` for a :class:`hpc_agent.config.schema.Config` (gpt workload sizes)."""
     m, t = cfg.model, cfg.train
+    if getattr(t, "command", None):
+        raise ValueError(COMMAND_NOTE)
     if getattr(t, "workload", "gpt") != "gpt":
-        raise ValueError(f"train.workload={t.workload!r}: the estimate covers the gpt workload only")
+        raise ValueError(f"train.workload={t.workload!r}: the estimate covers the gpt workload only"
+                         + (" (your own model is not imported on the login node)" if ":" in str(t.workload) else ""))
     params = gpt_param_count(m.n_layers, m.d_model, m.seq_len)
     return estimate(params, m.n_layers, m.d_model, m.seq_len, t.micro_batch_size, t.precision, t.zero_stage,
                     _ranks(cfg), offload=t.offload, activation_checkpointing=t.activation_checkpointing,
@@ -307,7 +314,7 @@ def gpu_oom_fit(cfg: Any, ranks: int, offload_allowed: bool, capacity_bytes: Opt
     estimate may be pessimistic) and the reason says so.
     """
     step = gpu_oom_rung(cfg.train, ranks, offload_allowed)
-    if step is None or not capacity_bytes or cfg.train.workload != "gpt":
+    if step is None or not capacity_bytes or cfg.train.workload != "gpt" or getattr(cfg.train, "command", None):
         return step
     scale = max(1.0, capacity_bytes / max(estimate_from_config(cfg).total_bytes, 1))
     fit = ladder_fit(cfg, capacity_bytes * headroom, ranks, offload_allowed, scale)

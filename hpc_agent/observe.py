@@ -186,12 +186,21 @@ def stack_marks(run_dir: Path, ranks) -> Dict[int, Tuple[int, int]]:
     return marks
 
 
-def read_live(run_dir: Path, attempt: Attempt, settings, now: float, with_stacks: bool, acting: bool = True) -> Live:
+def read_live(run_dir: Path, attempt: Attempt, settings, now: float, with_stacks: bool, acting: bool = True,
+              beats_expected: bool = True) -> Live:
     """A running attempt's heartbeats judged (``diagnosis.hang.judge``, with the run's ``resilience:``
     settings); the stack files' marks when the verdict says hung or stacks were asked, their text only
-    when asked. Bounded: one small file per rank (``rundir.read_heartbeats``)."""
+    when asked. Bounded: one small file per rank (``rundir.read_heartbeats``).
+
+    ``beats_expected=False`` (``train.command``: a user's script beats only if it calls the helper API's
+    ``report_step``): an attempt without a beat of its own is not judged, so silence is never a start-up
+    stall; once it beats, every rule applies."""
     beats = tuple(rundir.read_heartbeats(run_dir))
-    verdict = judge(beats, now, attempt_start(attempt), settings)
+    started = attempt_start(attempt)
+    if beats_expected or any(started is not None and b.written_at >= started for b in beats):
+        verdict = judge(beats, now, started, settings)
+    else:
+        verdict = None
     marks = stack_marks(run_dir, (b.rank for b in beats)) if verdict is not None or with_stacks else {}
     stacks = rundir.read_stacks(run_dir) if with_stacks else None
     return Live(now, verdict, beats, marks, stacks, float(settings.stack_wait_s), acting)

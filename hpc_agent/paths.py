@@ -12,16 +12,27 @@ The top-level folders of the checkout are the source of truth. Three ways to fin
 
 The wheel's copy is looked for before the checkout because only a wheel install has it: the checkout
 never contains ``hpc_agent/shipped``, and a site-packages folder may hold an unrelated ``configs/``.
+
+Sbatch templates are also looked for in a project's own ``sbatch_templates/`` folder (one made by
+``hpc-agent init``), before the shipped ones; :func:`template_dirs` is the one place with that order:
+
+1. ``sbatch_templates/`` next to the config file (for a resubmission: the run dir, where submit copies
+   a project template, so the watcher uses the same file whatever its working directory);
+2. ``./sbatch_templates/`` in the current directory (neither of these two is ever the checkout's own
+   top-level folder: that one is the shipped folder of 3, so ``HPC_AGENT_HOME`` still wins over it);
+3. the shipped ``sbatch_templates/`` above (``HPC_AGENT_HOME``, the wheel, the checkout).
 """
 from __future__ import annotations
 
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Iterable, List, Optional
 
 HOME_ENV = "HPC_AGENT_HOME"
 SHIPPED = "shipped"  # the folder inside the hpc_agent package that a wheel install carries
 FOLDERS = ("configs", "sbatch_templates")
+TEMPLATES = "sbatch_templates"
 
 
 def code_root() -> Path:
@@ -50,4 +61,44 @@ def configs_dir() -> Path:
 
 
 def templates_dir() -> Path:
-    return shipped_home() / "sbatch_templates"
+    return shipped_home() / TEMPLATES
+
+
+def template_dirs(near: Iterable[os.PathLike | str] = ()) -> List[Path]:
+    """Where a template name is looked for, first match wins (the module docstring): the
+    ``sbatch_templates/`` folder next to each config file in ``near``, then the one in the current
+    directory, then the shipped one. Absolute, without duplicates."""
+    found = [Path(config).expanduser().absolute().parent / TEMPLATES for config in near] + [Path.cwd() / TEMPLATES]
+    # The checkout's own top-level folder is the shipped one, not a project's: it must not win over
+    # HPC_AGENT_HOME just because a command runs from the checkout.
+    found = [d for d in found if d != code_root() / TEMPLATES]
+    return list(dict.fromkeys(found + [templates_dir().expanduser().absolute()]))
+
+
+def find_template(name: str, near: Iterable[os.PathLike | str] = ()) -> Optional[Path]:
+    """The file ``<name>.yaml`` from the first of :func:`template_dirs` that has it, or None."""
+    for folder in template_dirs(near):
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
+    return None
+
+
+def is_shipped(path: os.PathLike | str) -> bool:
+    """True for a file in the shipped templates folder (not a project's own copy)."""
+    return Path(path).absolute().parent == templates_dir().expanduser().absolute()
+
+
+def keep_project_template(name: str, config_file: os.PathLike | str, run_dir: os.PathLike | str) -> Optional[Path]:
+    """Copy the template a submit found in a project folder (not a shipped one) into the run directory's
+    ``sbatch_templates/``: the run dir holds the config the watcher resubmits, so rule 1 of
+    :func:`template_dirs` finds this copy on every attempt, whatever the watcher's working directory.
+    Returns the copy, or None for a shipped template (read where it is, as before)."""
+    import shutil
+
+    found = find_template(name, [config_file])
+    if found is None or is_shipped(found):
+        return None
+    target = Path(run_dir) / TEMPLATES / found.name
+    target.parent.mkdir(exist_ok=True)
+    shutil.copyfile(found, target)
+    return target

@@ -52,7 +52,15 @@ def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "", offload_
 
     if not cfg.slurm.gpus_per_node:
         return MemoryVerdict(SKIP, "CPU job (slurm.gpus_per_node=0): no GPU memory to check")
+    if cfg.train.command:
+        from hpc_agent.memory import COMMAND_NOTE
+
+        return MemoryVerdict(SKIP, COMMAND_NOTE)
     if cfg.train.workload != "gpt":
+        if ":" in str(cfg.train.workload):  # never imported here (it may import torch): its size is unknown
+            return MemoryVerdict(SKIP, f"no memory estimate for your own workload {cfg.train.workload} (the login "
+                                       "node does not import your code); an OOM in the job is repaired by the "
+                                       "OOM ladder")
         return MemoryVerdict(SKIP, f"no memory estimate for the {cfg.train.workload} workload")
     need = estimate_from_config(cfg).total_bytes
     if not capacity:

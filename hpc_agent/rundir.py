@@ -14,6 +14,12 @@ Layout (one home for it; nothing else spells these names)::
         heartbeat/           rank-RRRRR.json: each rank's latest beat (step, phase, times; hpc_agent.heartbeat)
         stacks/              rank-RRRRR.txt: a header line, then each Python stack dump asked for with SIGURG
         journal/in_job.jsonl the job's own repairs (in-job recovery), one JSON line each
+        deepspeed/           ds_config.<job id>.<attempt>.json: the DeepSpeed config of each command-mode
+                             attempt (train.command; launch/command.py), as $HPC_AGENT_DS_CONFIG
+        code/                the snapshot of your code taken at submit (hpc_agent.code_snapshot), with
+                             MANIFEST.json; first on the job's PYTHONPATH in every attempt
+        sbatch_templates/    <name>.yaml: a copy of the project's own template that submit used, so every
+                             resubmission uses it too (only for a non-shipped one; hpc_agent.paths)
 
 A job can write anything into its run directory, and a user can replace a file by a FIFO or by a link
 to ``/dev/zero``. So files here are read as untrusted input: regular files only (``O_NOFOLLOW``,
@@ -42,8 +48,11 @@ LEASE = "train.lease"
 TB = "tb"
 CHECKPOINTS = "checkpoints"
 SLURM = "slurm"
+DEEPSPEED = "deepspeed"
 HEARTBEAT = "heartbeat"
 STACKS = "stacks"
+CODE = "code"
+CODE_MANIFEST = "MANIFEST.json"
 MARKERS = (CONFIG, RUN_JSON, TB, EVENTS)  # any one of them makes a folder a run directory
 
 CONFIG_MAX_BYTES = 4 << 20   # a resolved config is a few KiB; anything near this is not one
@@ -86,6 +95,16 @@ def checkpoints_dir(run_dir: Path) -> Path:
 
 def slurm_dir(run_dir: Path) -> Path:
     return Path(run_dir) / SLURM
+
+
+def code_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CODE
+
+
+def ds_config_path(run_dir: Path, job_id: str, attempt: int) -> Path:
+    """The DeepSpeed config a command-mode attempt hands its script (one file per attempt: the watcher's
+    repairs change it between attempts, and each attempt's stays to compare)."""
+    return Path(run_dir) / DEEPSPEED / f"ds_config.{job_id}.{int(attempt)}.json"
 
 
 def heartbeat_dir(run_dir: Path) -> Path:

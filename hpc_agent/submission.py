@@ -64,13 +64,12 @@ def record_job(ledger: Ledger, submission_id: int, run_id: str, job_id: str) -> 
 
 def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, config_path: Path, kind: str,
                    reason: str):
-    """Record the intent, submit ``TrainingJob`` through submitit, record the job id; returns the submitit job.
+    """Record the intent, submit the job (:func:`job_for`) through submitit, record the job id; returns the
+    submitit job.
 
     An exception from sbatch (no job id) propagates as is (recorded as a refusal, except
     ``SbatchTimedOut``: then the job may exist, and the intent stays open); any failure after sbatch accepted the job raises
     :class:`SubmittedButIncomplete`, which carries the job: the caller must not stop the run."""
-    from hpc_agent.job import TrainingJob
-
     from hpc_agent.slurm.submitit_timeout import SbatchTimedOut
 
     submission_id = ledger.record_intent(run_id, kind, str(config_path), reason=reason)
@@ -81,7 +80,7 @@ def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, conf
         make_dir(rundir.slurm_dir(run_dir))
         with restricted_umask(group_of(run_dir)):
             executor = make_executor(kind, rundir.slurm_dir(run_dir), cfg, run_id, run_dir, config_path)
-            job = executor.submit(TrainingJob(run_dir, config_path))
+            job = executor.submit(job_for(run_dir, cfg, config_path))
     except SbatchTimedOut:
         raise  # the job may be queued: the intent stays open for the watcher to settle by the job's name
     except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
@@ -102,6 +101,29 @@ def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, conf
     except Exception as exc:  # noqa: BLE001 - run.json is for people and review; the ledger has the truth
         raise SubmittedButIncomplete(job, f"writing {rundir.RUN_JSON}", exc, recorded=True) from exc
     return job
+
+
+def job_for(run_dir: Path, cfg: Config, config_path: Path):
+    """What each task runs: ``CommandJob`` for ``train.command`` (the user's script), else ``TrainingJob``."""
+    from hpc_agent.job import CommandJob, TrainingJob
+
+    if cfg.train.command:
+        return CommandJob(run_dir, config_path, submit_workdir(run_dir))
+    return TrainingJob(run_dir, config_path)
+
+
+def submit_workdir(run_dir: Path) -> str:
+    """Where a command-mode job runs its command, and a container job's working directory: the directory the
+    first submit ran in, kept in ``run.json``
+    (its one home: the watcher resubmits from wherever it runs); this directory before the first submit."""
+    try:
+        recorded = read_run_json(run_dir).get(WORKDIR)
+    except (OSError, ValueError):
+        recorded = None
+    return recorded if isinstance(recorded, str) and recorded else os.getcwd()
+
+
+WORKDIR = "workdir"
 
 
 def read_run_json(run_dir: Path) -> Dict[str, Any]:
@@ -125,4 +147,9 @@ def update_run_json(run_dir: Path, run_id: str, kind: str, job_id: str, config_p
         "logs": [str(p) for p in log_paths(run_dir, job_id, ranks)], "tensorboard": str(rundir.tb_dir(run_dir)),
         "updated_at": _dt.datetime.now().isoformat(timespec="seconds"),
     })
+    from hpc_agent.code_snapshot import run_json_entry
+
+    if snapshot := run_json_entry(run_dir):  # from the snapshot's MANIFEST.json, its one source
+        info["code_snapshot"] = snapshot
+    info.setdefault(WORKDIR, os.getcwd())  # set once, by the first submit (submit_workdir)
     atomic_write_json(rundir.run_json_path(run_dir), info)

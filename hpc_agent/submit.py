@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import rundir
-from hpc_agent.config.load import load_config, to_yaml
+from hpc_agent import code_snapshot, paths, rundir
+from hpc_agent.config.load import load_config, resolve_config_path, to_yaml
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.launcher import EXECUTORS, job_name_for, local_parameters, make_run_id, render_job_script
 from hpc_agent.preflight import (REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, partition_gres, render,
@@ -119,7 +121,8 @@ def _audit_submit(ledger, run_id: str, job_id: str, kind: str) -> None:
 def check_memory(cfg, kind: str) -> MemoryVerdict:
     """The pre-flight memory verdict; asks sinfo for the partition's GPU type only when it needs to."""
     gres = ""
-    if kind == "slurm" and cfg.slurm.gpus_per_node and not cfg.slurm.gpu_memory_gib and cfg.train.workload == "gpt":
+    if kind == "slurm" and cfg.slurm.gpus_per_node and not cfg.slurm.gpu_memory_gib and cfg.train.workload == "gpt" \
+            and not cfg.train.command:
         try:
             gres = partition_gres(SlurmCLI(timeout_s=15).run(list(sinfo_argv())).stdout, cfg.slurm.partition)
         except SlurmError as exc:
@@ -132,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        # Your code, found now (never imported: it may import torch); copied once the run dir exists.
+        snapshot = code_snapshot.plan_for(cfg, Path.cwd())
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         print("Nothing was submitted. Fix the values above and run the command again.", file=sys.stderr)
@@ -150,20 +155,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now())
     config_path = rundir.config_path(run_dir)
 
+    try:  # a value the job script cannot carry is a config error (exit 2) before anything is created
+        # The user's config file first: its sbatch_templates/ folder wins (hpc_agent.paths.template_dirs).
+        source = resolve_config_path(args.config)
+        script = render_job_script(cfg, run_id, run_dir, config_path, near=[source]) if kind == "slurm" else None
+        if kind == "local":
+            local_parameters(cfg)  # e.g. a container needs Slurm
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        print("Nothing was submitted.", file=sys.stderr)
+        return EXIT_CONFIG
     if args.dry_run:
-        try:
-            script = render_job_script(cfg, run_id, run_dir, config_path) if kind == "slurm" else None
-        except ConfigError as exc:
-            print(exc.render(), file=sys.stderr)
-            return EXIT_CONFIG
         print("# Resolved config")
         print(to_yaml(cfg))
+        if cfg.train.command:  # command mode: what every rank will run, and where (docs/your_script.md)
+            where = cfg.container.workdir or os.getcwd()
+            print(f"# Command (once per rank, in {where}): {shlex.join(cfg.train.command)}")
         if script is not None:
             print("# Job script (sbatch)")
             print(script)
         else:
             print(f"# Local job: {cfg.slurm.tasks_per_node} task(s) on this machine, "
                   f"timeout {local_parameters(cfg)['timeout_min']} min")
+        if snapshot is not None:
+            print(f"# Code snapshot: {len(snapshot.files)} files ({snapshot.bytes / 1024:.1f} KiB) from "
+                  f"{snapshot.source} -> {rundir.code_dir(run_dir)}")
         print("# Dry run: nothing was created or submitted.")
         return 0
 
@@ -178,6 +194,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     make_dir(rundir.tb_dir(run_dir))
     make_dir(rundir.checkpoints_dir(run_dir))
     write_config(run_dir, cfg)
+    if kind == "slurm":  # a project's own template goes with the run, for the watcher's resubmissions
+        from hpc_agent.containers import template_name
+
+        paths.keep_project_template(template_name(cfg), source, run_dir)
+    if snapshot is not None:  # first submission only: the watcher's resubmissions reuse this copy
+        try:
+            print(code_snapshot.describe(code_snapshot.take(snapshot, run_dir)), flush=True)
+        except (OSError, ConfigError) as exc:
+            _warn(f"Copying your code into {rundir.code_dir(run_dir)} failed: {exc}\nNothing was submitted.")
+            return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_SUBMIT_FAILED
     ledger = Ledger.in_runs_root(runs_root)
     ledger.add_run(run_id, cfg.run.name, str(run_dir))
     watch_cmd = f"python -m hpc_agent.watch --runs-root {runs_root}"

@@ -68,7 +68,7 @@ class Watcher:
         self._said_foreign: set = set()
         self._scalars: Dict[str, Any] = {}  # per run, kept between ticks: each tick reads only new TB bytes
         self.in_job = InJobIngest(ledger, self.journal, self._say)  # the job's own repairs (hpc_agent/in_job.py)
-        self._settings: Dict[str, Any] = {}  # job id -> its run's (resilience settings, watch.enabled)
+        self._settings: Dict[str, Any] = {}  # job id -> its run's (resilience settings, watch.enabled, beats expected)
 
     def paused(self) -> bool:
         return killswitch.is_paused(self.pause_file)
@@ -197,8 +197,9 @@ class Watcher:
                 cfg = rundir.load_config(Path(run.run_dir))
             except (OSError, ConfigError):
                 return None
-            known = self._settings[state.job_id] = (cfg.resilience, cfg.watch.enabled)
-        return observe.read_live(Path(run.run_dir), attempt, known[0], self.clock(), with_stacks, known[1])
+            known = self._settings[state.job_id] = (cfg.resilience, cfg.watch.enabled, not cfg.train.command)
+        return observe.read_live(Path(run.run_dir), attempt, known[0], self.clock(), with_stacks, known[1],
+                                 beats_expected=known[2])
 
     def _follow(self, run: Run, state: RunState, attempts, marks) -> None:
         want = wants(state, attempts)

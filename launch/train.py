@@ -71,10 +71,19 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
 
     import torch
 
+    from hpc_agent.code_snapshot import activate
     from launch import distributed
     from launch.dsconfig import PrecisionUnavailable, resolve_precision
 
     denv = distributed.detect()
+    try:  # before the workload is imported: every attempt runs the code taken at submit
+        snap = activate(cfg, Path(run_dir))
+    except (OSError, ValueError) as exc:
+        say(f"code snapshot of {run_dir} unreadable ({exc}); submit again; exiting {exitcodes.CONFIG}")
+        return exitcodes.CONFIG
+    if snap is not None and denv.rank == 0:
+        say(f"code snapshot {snap.get('path')} (sha256 {str(snap.get('sha256'))[:12]}, {snap.get('files')} files) "
+            "first on the import path")
     on_cuda = torch.cuda.is_available()
     try:
         precision, note = resolve_precision(cfg.train.precision, on_cuda)
@@ -112,6 +121,8 @@ def _run(cfg, run_dir: str, denv, on_cuda: bool, precision: str, stop: StopReque
     from launch import distributed
     from launch.engine import Trainer
 
+    from launch.workloads.user import WorkloadError
+
     trainer = Trainer(cfg, Path(run_dir), denv, on_cuda, precision, stop, config_text)
     phase = "start-up"
     try:
@@ -119,6 +130,10 @@ def _run(cfg, run_dir: str, denv, on_cuda: bool, precision: str, stop: StopReque
         if code == exitcodes.OK:
             phase = "training"
             code = trainer.train()
+    except WorkloadError as exc:
+        # train.workload names code that cannot be used: the same on every rank, and no retry can fix it.
+        say(f"workload problem: {exc.line()}; exiting {exitcodes.CONFIG}")
+        code = exitcodes.CONFIG
     except torch.OutOfMemoryError:
         traceback.print_exc()
         say(f"out of memory at step {trainer.step + 1} during {phase} (micro_batch_size "

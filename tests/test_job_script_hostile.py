@@ -100,9 +100,9 @@ def test_job_script_with_hostile_paths_executes_nothing_and_exports_exact_values
     run_dir = hostile_path(tmp / "runs", sandbox["canary"], "run")
     config = hostile_path(tmp / "cfg", sandbox["canary"], "cfg", BASH_ONLY) / "config.yaml"
     run_id = "hostile-20260101-000000"
-    cfg = load_config("quickstart", ["slurm.template=every", "slurm.partition=low"], env={})
     python = str(tmp / "bin" / "python-not-run")
-    script = render_job_script(cfg, run_id, run_dir, config, python=python)
+    cfg = load_config("quickstart", ["slurm.template=every", "slurm.partition=low", f"slurm.python={python}"], env={})
+    script = render_job_script(cfg, run_id, run_dir, config)
 
     argv, env = run_script(sandbox, script)
     assert env["HPC_AGENT_RUN_DIR"] == str(run_dir)
@@ -194,7 +194,7 @@ def test_extra_sbatch_option_names_are_allow_listed(option):
 def test_a_run_dir_sbatch_would_misread_or_that_is_too_long_is_rejected(sandbox, run_dir, why):
     cfg = load_config("quickstart", [], env={})
     with pytest.raises(ConfigError) as info:
-        render_job_script(cfg, "r-1", Path(run_dir), Path(run_dir) / "config.yaml", python="p")
+        render_job_script(cfg, "r-1", Path(run_dir), Path(run_dir) / "config.yaml")
     assert "run.runs_root" in {p.key for p in info.value.problems} and why in str(info.value)
 
 
@@ -202,7 +202,7 @@ def test_a_run_dir_sbatch_would_misread_or_that_is_too_long_is_rejected(sandbox,
 def test_a_hostile_run_id_is_rejected(sandbox, run_id):
     cfg = load_config("quickstart", [], env={})
     with pytest.raises(ConfigError) as info:
-        render_job_script(cfg, run_id, sandbox["tmp"] / "r", sandbox["tmp"] / "r/config.yaml", python="p")
+        render_job_script(cfg, run_id, sandbox["tmp"] / "r", sandbox["tmp"] / "r/config.yaml")
     assert "run.name" in {p.key for p in info.value.problems}
 
 
@@ -212,5 +212,5 @@ def test_a_placeholder_in_runs_root_is_not_substituted_again(sandbox, tmp_path):
     cfg = load_config("quickstart", [f"run.runs_root={root}"], env={})
     assert cfg.run.runs_root == str(root)
     run_dir = Path(cfg.run.runs_root) / "q-20260101-000000"
-    _, env = run_script(sandbox, render_job_script(cfg, run_dir.name, run_dir, run_dir / "config.yaml", python="p"))
+    _, env = run_script(sandbox, render_job_script(cfg, run_dir.name, run_dir, run_dir / "config.yaml"))
     assert env["HPC_AGENT_RUN_DIR"] == str(run_dir) and env["HPC_AGENT_CONFIG"] == str(run_dir / "config.yaml")

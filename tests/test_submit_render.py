@@ -16,8 +16,9 @@ RUN_DIR = Path("/runs/quickstart-20260101-000000")
 
 
 def _render() -> str:
-    cfg = load_config("quickstart", ["slurm.partition=low", "slurm.exclude=node3"], env={})
-    return render_job_script(cfg, RUN_DIR.name, RUN_DIR, RUN_DIR / "config.yaml", python="/usr/bin/python3")
+    cfg = load_config("quickstart", ["slurm.partition=low", "slurm.exclude=node3", "slurm.python=/usr/bin/python3"],
+                      env={})
+    return render_job_script(cfg, RUN_DIR.name, RUN_DIR, RUN_DIR / "config.yaml")
 
 
 def test_rendered_script_matches_golden_file():

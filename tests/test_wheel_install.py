@@ -3,6 +3,7 @@ and doctor run from it outside the checkout. Plus the quick checks behind that: 
 package, and hpc_agent.paths finds the shipped files in a checkout and under HPC_AGENT_HOME."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -188,3 +189,94 @@ def test_config_copy_gives_an_editable_copy_that_hpc_agent_home_selects(tmp_path
     assert "not copying" in capsys.readouterr().err
     monkeypatch.setenv(paths.HOME_ENV, str(dest))
     assert resolve_config_path("quickstart") == dest / "configs" / "quickstart.yaml"
+
+
+# --- issue 18: a cluster user's path, from the wheel in a new venv ---------------------------------------
+MARK = "export MY_PROJECT_TEMPLATE=1"
+
+
+@pytest.fixture
+def project(tmp_path):
+    """An empty project folder, and a newcomer's environment: an empty HOME and caches, no ops directory
+    named (so the venv's own is used, as for a user), nothing pointing at the checkout."""
+    from hpc_agent.ops_cache import OPS_DIR_ENV
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", paths.HOME_ENV, "HPC_AGENT_RUNS", OPS_DIR_ENV)}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), MPLCONFIGDIR=str(home / ".mpl"),
+               TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))
+    cwd = tmp_path / "myproject"
+    cwd.mkdir()
+    return cwd, env
+
+
+def add_setup_line(template: Path, line: str) -> None:
+    text = template.read_text()
+    assert "\nsetup:\n" in text
+    template.write_text(text.replace("\nsetup:\n", f"\nsetup:\n  - {line}\n", 1))
+
+
+@pytest.mark.slow
+def test_wheel_init_then_dry_run_uses_the_copied_template(wheel_venv, project):
+    cwd, env = project
+    agent = wheel_venv / "bin" / "hpc-agent"
+    first = run([agent, "init"], cwd=cwd, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert (cwd / "hpc_agent.yaml").is_file() and (cwd / "sbatch_templates" / "default.yaml").is_file()
+    assert "hpc-agent submit hpc_agent.yaml" in first.stdout  # the next commands
+    again = run([agent, "init"], cwd=cwd, env=env)  # nothing changed: harmless
+    assert again.returncode == 0 and "unchanged" in again.stdout, again.stdout + again.stderr
+
+    add_setup_line(cwd / "sbatch_templates" / "default.yaml", MARK)
+    dry = run([agent, "submit", "hpc_agent.yaml", "--dry-run", "--executor", "slurm"], cwd=cwd, env=env)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "Traceback" not in dry.stderr
+    assert f"\n{MARK}\n" in dry.stdout  # the project's template, not the shipped one
+    assert str(wheel_venv / "bin" / "python") in dry.stdout  # the job runs the venv's interpreter
+    assert not (cwd / "runs").exists()
+
+    refused = run([agent, "init"], cwd=cwd, env=env)  # never overwrites an edited file
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "sbatch_templates/default.yaml" in refused.stderr and "--force" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert MARK in (cwd / "sbatch_templates" / "default.yaml").read_text()
+    forced = run([agent, "init", "--force"], cwd=cwd, env=env)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert MARK not in (cwd / "sbatch_templates" / "default.yaml").read_text()
+    help_ = run([agent, "init", "--help"], cwd=cwd, env=env)
+    assert help_.returncode == 0 and "--force" in help_.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_wheel_init_prepare_submit_completes_on_the_cluster(wheel_venv, project):
+    """The README's path without root: init, prepare (the venv's own ops directory: a new venv has none
+    prepared, and a job never compiles), submit; the job runs the venv's python on the nodes."""
+    from tests.slurm_helpers import cleanup_jobs, log_text, states, wait_for
+
+    cwd, env = project
+    agent = wheel_venv / "bin" / "hpc-agent"
+    assert run([agent, "init"], cwd=cwd, env=env).returncode == 0
+    add_setup_line(cwd / "sbatch_templates" / "default.yaml", MARK)
+    prepared = run([agent, "prepare"], cwd=cwd, env=env, timeout=900)
+    assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    assert str(wheel_venv / "share" / "hpc_agent" / "deepspeed_ops") in prepared.stdout
+    try:
+        submitted = run([agent, "submit", "hpc_agent.yaml", "--executor", "slurm", "--wait", "--wait-timeout", "240",
+                         "train.max_steps=6", "train.ckpt_every=3", "train.precision=fp32"],
+                        cwd=cwd, env=env, timeout=300)
+        (run_dir,) = [p for p in (cwd / "runs").iterdir() if p.is_dir()]
+        job = json.loads((run_dir / "run.json").read_text())["job_ids"][-1]
+        log = log_text(run_dir, job)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr + log
+        assert wait_for(lambda: states(job)[-1:] == ["COMPLETED"], 60, what=f"job {job} COMPLETED in sacct")
+    finally:
+        cleanup_jobs(cwd / "runs")
+    assert MARK in (run_dir / "slurm" / f"{job}_submission.sh").read_text()
+    assert (run_dir / "sbatch_templates" / "default.yaml").is_file()  # kept for the watcher's resubmissions
+    assert "DeepSpeed op deepspeed_shm_comm: loaded the prepared build" in log
+    assert [p for p in (run_dir / "checkpoints").iterdir() if p.is_dir()], "no checkpoint"
+    assert list((run_dir / "tb").rglob("events.out.tfevents.*")), "no TensorBoard events"
+    assert not (cwd.parent / "torch_extensions").exists()  # nothing was compiled in the job

@@ -120,7 +120,8 @@ class SlurmConfig:
 
     template: str = "default"
     """Name of the file in ``sbatch_templates/`` (without ``.yaml``) that supplies the environment setup
-    lines and srun options of the job script."""
+    lines and srun options of the job script. Looked for in ``sbatch_templates/`` next to the config file,
+    then in the current directory (``hpc-agent init`` makes one), then among the shipped templates."""
 
     extra_sbatch: Dict[str, Optional[str]] = field(default_factory=dict)
     """Further sbatch options as ``{option: value}``, e.g. ``{mail-type: END}``. An empty value makes a

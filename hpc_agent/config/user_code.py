@@ -74,8 +74,8 @@ def mount_problem(value: str) -> Optional[str]:
     """``SRC[:DST[:FLAGS]]``: paths without ',' or ':' (the separators of both runtimes' mount lists)."""
     fix = "a mount SRC[:DST[:FLAGS]], e.g. /scratch/me:/data:ro (paths without ',' or ':')"
     parts = value.split(":")
-    if "," in value or not 1 <= len(parts) <= 3 or not parts[0].startswith("/"):
-        return fix
+    if "," in value or not 1 <= len(parts) <= 3 or not all(p.startswith("/") for p in parts[:2]):
+        return fix + " (SRC and DST are absolute paths)"
     for part in parts[:2]:
         why = path_problem(part, sbatch=False)
         if why:
@@ -91,7 +91,9 @@ class ContainerConfig:
 
     runtime: str = "none"
     """``none`` (the job runs on the node's own environment), ``pyxis`` (``srun --container-image``; needs
-    the pyxis plugin on the cluster) or ``apptainer`` (``apptainer exec --nv IMAGE python ...``)."""
+    the pyxis plugin on the cluster) or ``apptainer`` (``apptainer exec --nv IMAGE python ...``). pyxis and
+    apptainer use ``sbatch_templates/pyxis.yaml`` or ``apptainer.yaml`` unless ``slurm.template`` names
+    another template than ``default``. Needs the slurm executor."""
 
     image: Optional[str] = None
     """The image. pyxis: ``nvcr.io#nvidia/pytorch:24.05-py3`` (registry ``#`` image) or a squashfs path;
@@ -99,11 +101,12 @@ class ContainerConfig:
     (see docs/containers.md)."""
 
     mounts: List[str] = field(default_factory=list)
-    """Host paths to mount, each ``SRC[:DST[:FLAGS]]``. The run directory and hpc_agent's code are always
-    mounted at the same path, so the job finds its run directory and snapshot where the login node put them."""
+    """Host paths to mount, each ``SRC[:DST[:FLAGS]]`` (absolute paths). The run directory and hpc_agent's
+    code (and, for pyxis without ``workdir``, the directory you submit from) are always mounted at the same
+    path, so the job finds its run directory and snapshot where the login node put them."""
 
     workdir: Optional[str] = None
-    """Working directory inside the container; None: the directory you submitted from."""
+    """Working directory inside the container (an absolute path); None: the directory you submitted from."""
 
     python: str = "python"
     """The container's Python interpreter (the job runs it, never the login node's ``sys.executable``)."""

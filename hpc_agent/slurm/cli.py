@@ -12,7 +12,7 @@ from typing import Iterable, List, Sequence
 
 from hpc_agent.slurm.sacct import SACCT_FIELDS
 
-ALLOWED = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "sinfo")
+ALLOWED = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "sinfo", "srun")  # srun: doctor's bounded probe
 
 
 class SlurmError(RuntimeError):

@@ -115,6 +115,10 @@ def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel:
     from hpc_agent.paths import code_root
 
     first = jobs[0]
+    if first.cfg.container.runtime != "none":  # each trial would need its own mounts: not supported yet
+        from hpc_agent.config.problems import ConfigError, Problem
+        raise ConfigError([Problem("container.runtime", first.cfg.container.runtime, "none for a sweep "
+                                   "(sweeps do not run in containers yet; docs/containers.md)")])
     template = load_template(first.cfg.slurm.template)
     params = slurm_parameters(first.cfg, first.run_id, first.run_dir, first.config_path, template)
     params["setup"] = array_setup(template.setup, jobs)
@@ -133,7 +137,9 @@ def submit_array(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int
     from hpc_agent.job import TrainingJob
     from hpc_agent.slurm.submitit_timeout import TimedSlurmExecutor  # submitit's, with sbatch bounded
 
-    executor = TimedSlurmExecutor(folder=folder)
+    from hpc_agent.containers import job_python
+
+    executor = TimedSlurmExecutor(folder=folder, python=job_python(jobs[0].cfg, {}))  # slurm.python, else this one
     executor.update_parameters(**array_parameters(jobs, sweep, batch, parallel))
     with executor.batch():
         handles = [executor.submit(TrainingJob(j.run_dir, j.config_path)) for j in jobs]

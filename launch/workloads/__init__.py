@@ -43,7 +43,8 @@ class Workload(Protocol):
 
 
 def build_workload(cfg, device: torch.device | str = "cpu") -> Workload:
-    """The workload named by ``cfg.train.workload`` (``gpt`` or ``classifier``).
+    """The workload named by ``cfg.train.workload``: ``gpt``, ``classifier`` or ``package.module:callable``
+    (your own, resolved and checked by ``launch/workloads/user.py``; raises its WorkloadError).
 
     ``device`` is where ``evaluate`` puts its held-out tensors (the engine's device); the model itself
     is always built on the CPU and moved by the engine."""
@@ -56,4 +57,6 @@ def build_workload(cfg, device: torch.device | str = "cpu") -> Workload:
         from launch.workloads.classifier import ClassifierWorkload
 
         return ClassifierWorkload(cfg, device)
-    raise ValueError(f"train.workload={name!r}: expected one of gpt, classifier")
+    from launch.workloads.user import build_user_workload
+
+    return build_user_workload(str(name), cfg, device)
