@@ -7,12 +7,14 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from hpc_agent import exit_status
 from hpc_agent.extras import MissingExtra
 
 COMMANDS = {
     "submit": "validate a config and submit it to Slurm (or run it locally)",
     "watch": "follow runs, diagnose failures and requeue with an adjusted config",
     "diagnose": "explain why a job died and what to do",
+    "status": "one line per run: phase, job, Slurm state, step, last decision, last step's age",
     "review": "tables and plots of runs; start TensorBoard",
     "doctor": "check Slurm, GPUs and a config's memory estimate before submitting",
     "sweep": "hyperparameter sweeps with Optuna",
@@ -34,7 +36,8 @@ def _available() -> List[str]:
 def _usage() -> str:
     lines = ["usage: hpc-agent <command> [args...]   (same as python -m hpc_agent.<command>)", "", "commands:"]
     lines += [f"  {name:<10} {COMMANDS[name]}" for name in _available()]
-    lines += ["", "Run 'hpc-agent <command> --help' for a command's options."]
+    lines += ["", "Run 'hpc-agent <command> --help' for a command's options. Every command takes --version, "
+              "-v/-q, and the exit codes mean the same in all of them (docs/cli.md)."]
     return "\n".join(lines)
 
 
@@ -42,11 +45,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
-        return 0
+        return exit_status.OK
+    if argv[0] == "--version":
+        from hpc_agent.cli_common import version_line
+
+        print(version_line())
+        return exit_status.OK
     command, rest = argv[0], argv[1:]
     if command not in _available():
         print(f"hpc-agent: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     if command == "config":
         return config_command(rest)
     module = importlib.import_module(f"hpc_agent.{command}")
@@ -56,7 +64,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return int(module.main(rest) or 0)
     except MissingExtra as exc:  # a feature whose pip extra is not installed: one line, no traceback
         print(exc, file=sys.stderr)
-        return 2
+        return exit_status.USAGE
 
 
 def config_command(argv: List[str]) -> int:
@@ -72,7 +80,10 @@ def config_command(argv: List[str]) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--list", action="store_true", help="list the shipped configs and sbatch templates")
     group.add_argument("--copy", metavar="DIR", help=f"copy {' and '.join(paths.FOLDERS)} into DIR (never overwrites)")
-    args = parser.parse_args(argv)
+    from hpc_agent.cli_common import add_common_arguments, configure
+
+    args = add_common_arguments(parser).parse_args(argv)
+    configure(args)
     home = paths.shipped_home()
     if args.list:
         for folder in paths.FOLDERS:
@@ -93,12 +104,13 @@ def copy_shipped(home: Path, dest: Path) -> int:
 
     from hpc_agent import paths
 
-    pairs = [(file, dest / folder / file.name) for folder in paths.FOLDERS
-             for file in sorted((home / folder).glob("*.yaml"))]
+    # rglob: configs/profiles/ (the shipped cluster profiles) comes along, at the same place
+    pairs = [(file, dest / folder / file.relative_to(home / folder)) for folder in paths.FOLDERS
+             for file in sorted((home / folder).rglob("*.yaml"))]
     existing = [str(target) for _, target in pairs if target.exists()]
     if existing:
         print(f"hpc-agent config: not copying, these files exist: {', '.join(existing)}", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     for source, target in pairs:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)

@@ -31,15 +31,16 @@ from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import LogText
 from hpc_agent.follow import situation_from
 from hpc_agent.launcher import run_id_from_job_name
-from hpc_agent import rundir
+from hpc_agent import exit_status, remote, rundir
+from hpc_agent.cli_common import add_common_arguments, configure
 from hpc_agent.rundir import find_logs, tail_log
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.policy import Decision, PastAttempt, Situation, decide, patch_as_overrides
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, SacctRow, group_attempts, job_key_of
 from hpc_agent.slurm.sacct_read import SacctFormatError, read_sacct
 
-EXIT_OK = 0
-EXIT_USAGE = 2
+EXIT_OK = exit_status.OK  # also when Slurm does not answer: the report says "unknown", which means wait
+EXIT_USAGE = exit_status.USAGE
 DEFAULT_TAIL_BYTES = 1 << 20
 # A saved sacct reply for a few jobs is kilobytes; a month of a busy cluster's -D history is megabytes.
 MAX_SACCT_FILE_BYTES = 64 << 20
@@ -67,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tail-bytes", type=int, default=DEFAULT_TAIL_BYTES,
                         help="bytes read from the end of each log (default 1 MiB)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    return parser
+    remote.add_arguments(parser)  # --remote USER@LOGIN: diagnose on the login node over ssh (docs/remote.md)
+    return add_common_arguments(parser, slurm=True)
 
 
 # --- inputs (I/O) -------------------------------------------------------------------------------------
@@ -315,6 +317,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
         return int(exc.code or 0)
+    configure(args)
+    if args.remote:  # every path (--log, --tb, --sacct-file, --runs-root) is one on the login node
+        return remote.forward("diagnose", remote.local_argv(argv), args)
     if not args.job_id and not args.sacct_file:
         parser.print_usage(sys.stderr)
         print("diagnose: give a JOBID or --sacct-file FILE", file=sys.stderr)

@@ -4,7 +4,8 @@ Checks that a training job can run here before it is submitted: Slurm answers, a
 partitions and their GPUs, the config is valid and sbatch would accept its resources (``--test-only``
 submits nothing), the job's Python or container works on a compute node (``doctor_job``), DeepSpeed's
 ops are prepared and no torch build lock is stuck, GPU health and the memory estimate. Each check prints
-``OK|WARN|FAIL  name: detail``; the exit code is 1 when any check FAILs, else 0. Runs on login nodes:
+``OK|WARN|FAIL  name: detail``; the exit code is 1 when any check FAILs, else 0 (2: a usage error; the
+table shared by every command: ``hpc_agent.exit_status``). Runs on login nodes:
 imports neither torch nor deepspeed.
 
 ``--data PATH`` instead infers the ``data`` section of a config from a dataset file and writes it as
@@ -19,6 +20,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Sequence
 
+from hpc_agent import exit_status
+from hpc_agent.cli_common import add_common_arguments, configure
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.sinfo import (PARTITION_FORMAT, Partition, gpus_in_gres, gres_of,  # noqa: F401
                                   partitions_argv, select)
@@ -48,8 +51,11 @@ def partition_table(parts: Sequence[Partition]) -> List[str]:
     return ["      " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def sbatch_test_argv(slurm: Any) -> List[str]:
-    """``sbatch --test-only`` with the job's real resources (submits nothing)."""
+def sbatch_test_argv(slurm: Any, profile: Any = None) -> List[str]:
+    """``sbatch --test-only`` with the job's real resources (submits nothing), GPUs asked for in the
+    profile's style: the same option the job script carries (hpc_agent.config.profile.gpu_request)."""
+    from hpc_agent.config.profile import Profile, gpu_request
+
     argv = ["sbatch", "--test-only", "--job-name", "hpc-agent-doctor", "--nodes", str(slurm.nodes),
             "--ntasks-per-node", str(slurm.tasks_per_node), "--cpus-per-task", str(slurm.cpus_per_task),
             "--time", str(slurm.time)]
@@ -58,17 +64,18 @@ def sbatch_test_argv(slurm: Any) -> List[str]:
         if value:
             argv += [option, str(value)]
     if slurm.gpus_per_node:
-        argv += ["--gres", f"gpu:{slurm.gpus_per_node}"]
+        option, value = gpu_request(profile or Profile(), slurm.gpus_per_node)
+        argv += [f"--{option}", value]
     return argv + ["--wrap", "true"]
 
 
 def summarize(checks: Sequence[Check]) -> tuple[int, str]:
-    """Exit code (1 on any FAIL) and the summary line."""
+    """Exit code (FAILED, 1, on any FAIL) and the summary line."""
     fails = [c.name for c in checks if c.level == FAIL]
     warns = [c.name for c in checks if c.level == WARN]
     oks = sum(c.level == OK for c in checks)
     if fails:
-        return 1, f"{len(fails)} blocker(s): {', '.join(fails)}; {len(warns)} warning(s), {oks} OK. Fix the FAILs before submitting."
+        return exit_status.FAILED, f"{len(fails)} blocker(s): {', '.join(fails)}; {len(warns)} warning(s), {oks} OK. Fix the FAILs before submitting."
     if warns:
         return 0, f"no blockers; {len(warns)} warning(s) ({', '.join(warns)}), {oks} OK."
     return 0, f"all {oks} checks OK."
@@ -98,12 +105,12 @@ def check_slurm(cli: SlurmCLI) -> tuple[List[Check], Optional[List[Partition]]]:
     return checks, parts
 
 
-def check_config(config: str, overrides: Sequence[str]) -> tuple[Check, Any]:
+def check_config(config: str, overrides: Sequence[str], profile: Optional[str] = None) -> tuple[Check, Any]:
     from hpc_agent.config.load import load_config
     from hpc_agent.config.problems import ConfigError
 
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, overrides, profile=profile)
     except ConfigError as exc:
         problems = "; ".join(str(p) for p in exc.problems)
         return Check(FAIL, "config", f"{len(exc.problems)} problem(s): {problems}"), None
@@ -115,7 +122,7 @@ def check_config(config: str, overrides: Sequence[str]) -> tuple[Check, Any]:
 def check_sbatch(cli: SlurmCLI, cfg: Any, parts: Optional[List[Partition]]) -> List[Check]:
     s = cfg.slurm
     checks: List[Check] = []
-    argv = sbatch_test_argv(s)
+    argv = sbatch_test_argv(s, getattr(cfg, "profile", None))
     try:
         res = cli.run(argv, check=False, timeout_s=20)
         msg = " / ".join(l.strip() for l in (res.stderr + res.stdout).splitlines() if l.strip())
@@ -229,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", metavar="PATH", help="dataset file (csv/tsv/jsonl/text): infer the data section")
     parser.add_argument("--out", metavar="FILE.yaml", help="with --data: write the YAML here instead of stdout")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
-    return parser
+    parser.add_argument("--profile", metavar="NAME", help="a cluster profile (default: $HPC_AGENT_PROFILE): also check "
+                        "it against this cluster; without CONFIG the base config is checked (docs/profiles.md)")
+    return add_common_arguments(parser, slurm=True)
 
 
 def run_data(path: str, out: Optional[str], as_json: bool) -> int:
@@ -256,6 +265,7 @@ def run_data(path: str, out: Optional[str], as_json: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    configure(args)
     if args.out and not args.data:
         build_parser().error("--out needs --data")
     if args.data:
@@ -272,11 +282,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if parts:
         extra["partitions"] = partition_table(parts)
     cfg = None
-    if args.config:
-        config_check, cfg = check_config(args.config, args.overrides)
+    if args.config or args.profile:
+        config_check, cfg = check_config(args.config or "base", args.overrides, args.profile)
         checks.append(config_check)
         if cfg is not None and parts is not None:
             checks += check_sbatch(cli, cfg, parts)
+        if cfg is not None and cfg.profile.name:  # the profile against the live cluster (doctor_profile.py)
+            from hpc_agent import doctor_profile
+            checks += [Check(*result) for result in doctor_profile.check_profile(cli, cfg, parts)]
         if cfg is not None:  # the job's interpreter/container on a compute node (hpc_agent/doctor_job.py)
             from hpc_agent import doctor_job
             checks.append(Check(*doctor_job.check_code(cfg, os.getcwd())))

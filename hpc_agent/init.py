@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from hpc_agent import paths
+from hpc_agent import exit_status, paths
+from hpc_agent.cli_common import add_common_arguments, configure
 
 CONFIG_NAME = "hpc_agent.yaml"
 
@@ -74,12 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("dir", nargs="?", default=".", help="the project folder (default: the current directory; "
                                                           "created if missing)")
     parser.add_argument("--force", action="store_true", help="overwrite files that exist and differ")
-    return parser
+    parser.add_argument("--profile", metavar="NAME", help="also write DIR/profiles/NAME.yaml to edit: the shipped "
+                        "profile NAME, else the annotated example (docs/profiles.md)")
+    return add_common_arguments(parser)
 
 
-def planned_files(dest: Path) -> Dict[Path, str]:
-    """Every file init writes, with its content."""
+def planned_files(dest: Path, profile: Optional[str] = None) -> Dict[Path, str]:
+    """Every file init writes, with its content; with ``profile``, a profile skeleton (``profiles/`` next to
+    the config is the first place ``--profile NAME`` looks: hpc_agent.paths.profile_dirs)."""
     files = {dest / CONFIG_NAME: STARTER.format(python=sys.executable)}
+    if profile:
+        shipped_profiles = paths.configs_dir() / paths.PROFILES
+        source = shipped_profiles / f"{profile}.yaml"
+        source = source if source.is_file() else shipped_profiles / "example.yaml"
+        files[dest / paths.PROFILES / f"{profile}.yaml"] = source.read_text(encoding="utf-8")
     shipped = paths.templates_dir()
     for template in sorted(shipped.glob("*.yaml")):
         files[dest / paths.TEMPLATES / template.name] = template.read_text(encoding="utf-8")
@@ -114,15 +123,22 @@ def next_commands(config: Path) -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    configure(args)
     dest = Path(args.dir).expanduser().absolute()
-    files = planned_files(dest)
+    from hpc_agent.config.profile import NAME_RE
+
+    if args.profile is not None and not NAME_RE.match(args.profile):
+        print(f"hpc-agent init: --profile {args.profile!r}: a profile name is letters, digits, '_' or '-'",
+              file=sys.stderr)
+        return exit_status.USAGE
+    files = planned_files(dest, args.profile)
     conflicts = [path for path, text in files.items() if _differs(path, text)]
     if conflicts and not args.force:
         force = "hpc-agent init --force" + (f" {args.dir}" if args.dir != "." else "")
         print(f"hpc-agent init: not writing, these files exist and differ from what init writes: "
               f"{', '.join(map(_shown, conflicts))}\nEdit them as they are, or run `{force}` to replace them.",
               file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     written = []
     try:
         for path, text in files.items():
@@ -135,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             written.append(path)
     except OSError as exc:
         print(f"hpc-agent init: cannot write into {dest}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     for path in written:
         print(f"wrote {_shown(path)}")
     if not written:

@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from hpc_agent import exit_status
 from hpc_agent.ledger import LEDGER_FILE
 
 PAUSE_FILE = "watch.paused"
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_USAGE = exit_status.OK, exit_status.USAGE
 
 
 class Paused(RuntimeError):

@@ -14,7 +14,9 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from hpc_agent import code_snapshot, containers, rundir
 from hpc_agent.config.fields import NAME, path_problem
+from hpc_agent.config.notify import sbatch_options
 from hpc_agent.config.problems import ConfigError, Problem
+from hpc_agent.config.profile import gpu_request
 from hpc_agent.config.schema import Config
 from hpc_agent.config.yaml_safe import load_mapping
 from hpc_agent.handback import batch_setup_lines, batch_teardown_lines
@@ -159,7 +161,10 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
         "signal_delay_s": s.signal_lead_s,
         "stderr_to_stdout": True,
         # The run's code snapshot first on PYTHONPATH, in every attempt (hpc_agent/code_snapshot.py).
-        "setup": render_lines(template.setup, values) + render_lines(code_snapshot.setup_lines(cfg), values)
+        # The profile's activation lines run as written, after the template's exports (so they may read
+        # $HPC_AGENT_RUN_DIR) and before the snapshot's PYTHONPATH line (so a venv's activate cannot hide it).
+        "setup": render_lines(template.setup, values) + activation_lines(cfg)
+        + render_lines(code_snapshot.setup_lines(cfg), values)
         + batch_setup_lines(),
         "srun_args": render_args(template.srun_args, values),
         "teardown": batch_teardown_lines(),  # requeue after a signal's checkpoint, once the step ended
@@ -168,8 +173,9 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
     for name in ("partition", "account", "qos", "constraint", "exclude", "mem"):
         if getattr(s, name) is not None:
             params[name] = getattr(s, name)
-    if s.gpus_per_node:
-        params["gpus_per_node"] = s.gpus_per_node
+    if s.gpus_per_node:  # --gpus-per-node=N or --gres=gpu[:TYPE]:N, as the profile says (one place decides)
+        option, value = gpu_request(cfg.profile, s.gpus_per_node)
+        params[option.replace("-", "_")] = int(value) if option == "gpus-per-node" else value
     extra: Dict[str, Any] = {
         "time": s.time,  # kept in the user's format; overrides submitit's minutes-only default
         # Requeue after preemption/node failure; append so a requeued attempt never truncates the log.
@@ -178,8 +184,16 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
     }
     for key, value in (s.extra_sbatch or {}).items():
         extra[key] = True if value in ("", None) else value
+    extra.update(sbatch_options(cfg.notify))  # --mail-type/--mail-user: from notify: only (the config refuses both)
     params["additional_parameters"] = extra
     return params
+
+
+def activation_lines(cfg: Config) -> List[str]:
+    """The profile's environment activation lines, as written (the config checked each is one line of shell
+    without control characters), under a comment naming the profile."""
+    lines = [str(line) for line in cfg.profile.activate or []]
+    return [f"# activation lines of profile {cfg.profile.name or '(config)'}"] + lines if lines else []
 
 
 def local_parameters(cfg: Config) -> Dict[str, Any]:

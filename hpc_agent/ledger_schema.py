@@ -84,6 +84,20 @@ CREATE TABLE IF NOT EXISTS hang_suspicions (
     active    INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY(job_id, attempt)
 );
+-- Notifications (hpc_agent/notify.py): a row per event, written before it is sent (with the audit cursor it
+-- was derived up to), so a restarted watcher never sends one twice.
+CREATE TABLE IF NOT EXISTS notifications (
+    key      TEXT PRIMARY KEY,
+    run_id   TEXT NOT NULL,
+    event    TEXT NOT NULL,
+    at       REAL NOT NULL,
+    status   TEXT NOT NULL DEFAULT 'sending',
+    result   TEXT
+);
+CREATE TABLE IF NOT EXISTS notify_cursor (
+    one  INTEGER PRIMARY KEY CHECK (one = 1),
+    seq  INTEGER NOT NULL
+);
 -- One watcher per runs root: a lease with a heartbeat (hpc_agent/journal.py WatcherLease).
 CREATE TABLE IF NOT EXISTS watcher_lease (
     one        INTEGER PRIMARY KEY CHECK (one = 1),

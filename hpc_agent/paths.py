@@ -21,6 +21,13 @@ Sbatch templates are also looked for in a project's own ``sbatch_templates/`` fo
 2. ``./sbatch_templates/`` in the current directory (neither of these two is ever the checkout's own
    top-level folder: that one is the shipped folder of 3, so ``HPC_AGENT_HOME`` still wins over it);
 3. the shipped ``sbatch_templates/`` above (``HPC_AGENT_HOME``, the wheel, the checkout).
+
+Cluster profiles (``--profile NAME``, docs/profiles.md) follow the same rule, with the user's own folder
+between the project's and the shipped one; :func:`profile_dirs` is the one place with that order:
+
+1. ``profiles/`` next to the config file, then ``./profiles/`` in the current directory;
+2. ``$XDG_CONFIG_HOME/hpc_agent/profiles/`` (default ``~/.config/hpc_agent/profiles/``): yours, for every project;
+3. the shipped ``configs/profiles/`` (``HPC_AGENT_HOME``, the wheel, the checkout).
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ HOME_ENV = "HPC_AGENT_HOME"
 SHIPPED = "shipped"  # the folder inside the hpc_agent package that a wheel install carries
 FOLDERS = ("configs", "sbatch_templates")
 TEMPLATES = "sbatch_templates"
+PROFILES = "profiles"
 
 
 def code_root() -> Path:
@@ -102,3 +110,23 @@ def keep_project_template(name: str, config_file: os.PathLike | str, run_dir: os
     target.parent.mkdir(exist_ok=True)
     shutil.copyfile(found, target)
     return target
+
+
+def user_config_dir() -> Path:
+    """``$XDG_CONFIG_HOME/hpc_agent`` (default ``~/.config/hpc_agent``): the user's own files for every project."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser() / "hpc_agent"
+
+
+def profile_dirs(near: Iterable[os.PathLike | str] = ()) -> List[Path]:
+    """Where a profile name is looked for, first match wins (the module docstring). Absolute, no duplicates."""
+    found = [Path(config).expanduser().absolute().parent / PROFILES for config in near] + [Path.cwd() / PROFILES]
+    shipped = (configs_dir() / PROFILES).expanduser().absolute()
+    return list(dict.fromkeys(found + [user_config_dir().absolute() / PROFILES, shipped]))
+
+
+def find_profile(name: str, near: Iterable[os.PathLike | str] = ()) -> Optional[Path]:
+    """The file ``<name>.yaml`` from the first of :func:`profile_dirs` that has it, or None."""
+    for folder in profile_dirs(near):
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
+    return None

@@ -318,6 +318,23 @@ def decide(cause: str | Cause, history: Sequence[PastAttempt], cfg: Config, situ
     return proposed
 
 
+def retries_left(cause: str, history: Sequence[PastAttempt], cfg: Config,
+                 limits: PolicyLimits = PolicyLimits()) -> Optional[Tuple[int, str]]:
+    """The tighter of the two budgets :func:`decide` checks, after ``history`` (which holds the retry just
+    decided): (retries left, which budget in words), or None when neither limits ``cause``. Read by the
+    notifications (``hpc_agent/notify_events.py``) to warn before the run gives up, never to decide."""
+    found = []
+    budget = limits.per_cause.get(cause)
+    if budget is not None:
+        used = sum(1 for h in history if h.cause == cause and h.action in (REQUEUE, RESUBMIT))
+        found.append((budget - used, f"{cause} retries ({used} of {budget} used)"))
+    if cause != Cause.PREEMPTED.value:
+        spent = sum(1 for h in history if _costs(h))
+        found.append((cfg.watch.max_retries - spent, f"overall retries ({spent} of watch.max_retries="
+                                                     f"{cfg.watch.max_retries} used)"))
+    return min(found, key=lambda item: item[0]) if found else None
+
+
 def apply_patch(cfg: Config, patch: Mapping[str, Any]) -> Config:
     """``cfg`` with ``patch`` applied, validated again (raises ConfigError listing every problem)."""
     return build_config([to_dict(cfg), dict(patch)])

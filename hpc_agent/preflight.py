@@ -37,6 +37,10 @@ def gpu_capacity(cfg: Any, gres: str) -> Tuple[Optional[int], str]:
     """Bytes of one GPU and where the number comes from: the config first, then the partition's gres type."""
     if cfg.slurm.gpu_memory_gib:
         return int(cfg.slurm.gpu_memory_gib * GIB), "slurm.gpu_memory_gib"
+    # The type the job asks for (profile gpu_request: gres-typed) beats a partition that mixes types.
+    gpu_type = getattr(getattr(cfg, "profile", None), "gpu_type", None)
+    if gpu_type and (gib := gpu_gib_from_gres(f"gpu:{gpu_type}:1")):
+        return int(gib * GIB), f"profile.gpu_type {gpu_type}"
     gib = gpu_gib_from_gres(gres)
     if gib:
         return int(gib * GIB), f"the partition's GPU type ({gres})"

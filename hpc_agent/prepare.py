@@ -6,18 +6,24 @@ use (your virtualenv), on a machine like the compute nodes (same CPU generation 
 GPU node or a login node with the CUDA toolkit: ``srun --gpus=1 python -m hpc_agent.prepare``).
 ``scripts/setup.sh`` runs it. Re-running it is cheap: ops already prepared are kept.
 
-Exit codes: 0 prepared (or, with --check, everything already prepared), 1 --check found something to
-prepare, 2 a build failed or torch/DeepSpeed are missing (the message says what to do).
+Exit codes (``hpc_agent.exit_status``, shared by every command): 0 prepared (or, with --check, everything
+already prepared), 1 --check found something to prepare or a build failed, 2 torch/DeepSpeed are missing or
+an unknown --op: nothing was built, 4 another prepare held the ops' lock too long (the message says what to do).
 Unlike the other login-node commands this one imports torch and DeepSpeed: it exists to build against them.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hpc_agent import exit_status
+from hpc_agent.cli_common import add_common_arguments, configure
 from hpc_agent.ops_cache import OPS_DIR_ENV, find_prepared, ops_dir, read_cpu_flags
+
+log = logging.getLogger("hpc_agent.prepare")  # not __name__: under python -m it is __main__, outside the tree
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,21 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
                                                      f"see the same directory, so set {OPS_DIR_ENV} for them too")
     parser.add_argument("--force", action="store_true", help="rebuild even what is already prepared")
     parser.add_argument("--check", action="store_true", help="build nothing: exit 0 if every op is prepared, else 1")
-    return parser
+    return add_common_arguments(parser)
 
 
 def say(text: str) -> None:
-    print(f"[prepare] {text}", flush=True)
+    log.info("[prepare] %s", text)  # progress: -q leaves only errors
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    configure(args)
     try:
         from launch import ops
     except ImportError as exc:  # torch or deepspeed missing: say so instead of a traceback
         print(f"prepare: cannot import torch/DeepSpeed ({exc}); install hpc_agent with its dependencies first "
               "(bash scripts/setup.sh, or see docs/install.md)", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     root = args.ops_dir or ops_dir()
     try:
         runtime = ops.current_runtime()
@@ -61,15 +68,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 say(f"{name}: not prepared ({why})")
             say("all prepared" if not missing else "run: python -m hpc_agent.prepare" +
                 (f" --ops-dir {root}" if args.ops_dir else ""))
-            return 1 if missing else 0
+            return exit_status.FAILED if missing else exit_status.OK
         prepared = ops.prepare(names, root, force=args.force, log=say)
         problems = ops.verify(sorted(prepared), root)
     except (ValueError, RuntimeError, TimeoutError, OSError) as exc:
         print(f"prepare: {exc}", file=sys.stderr)
-        return 2
+        # an unknown --op is a usage error; another prepare holding the ops' lock past the wait is busy
+        return (exit_status.USAGE if isinstance(exc, ValueError) else
+                exit_status.BUSY if isinstance(exc, TimeoutError) else exit_status.FAILED)
     if problems:
         print(f"prepare: the built ops do not load the way a job loads them: {'; '.join(problems)}", file=sys.stderr)
-        return 2
+        return exit_status.FAILED
     say(f"ready: {', '.join(sorted(prepared)) or 'no op needed'} for {runtime.describe()}; jobs load them from "
         f"{root} and never compile")
     return 0

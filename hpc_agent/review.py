@@ -17,14 +17,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent import rundir
+from hpc_agent import exit_status, remote, rundir
+from hpc_agent.cli_common import add_common_arguments, parse
 from hpc_agent.review_live import describe
 from hpc_agent.review_plot import plot_runs
 # The data half lives in runreview (the chaos driver reads it too); these names stay importable from here.
 from hpc_agent.runreview import (LIVE_PHASES, LOSS, LR, PLOT_TAGS, SAMPLES, STEP_TIME, Scalars, attempt_of,  # noqa: F401
                                  find_runs, read_events, review_run)
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_USAGE = exit_status.OK, exit_status.USAGE
 
 
 def public(run: Dict[str, Any]) -> Dict[str, Any]:
@@ -151,16 +152,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token --serve requires of every request on a non-loopback --host "
                         "(default: $HPC_AGENT_REVIEW_TOKEN); sent as ?token=, a Bearer header or a cookie")
     p.add_argument("--serve-seconds", type=float, default=None, help=argparse.SUPPRESS)
-    return p
+    p.add_argument("--pull", metavar="DIR", help="with --remote: mirror the run's TensorBoard files into DIR "
+                   "(only new bytes each time), then review, --plot or --serve the mirror here (docs/remote.md)")
+    p.add_argument("--export-tb", action="store_true", help=argparse.SUPPRESS)  # the login-node half of --pull
+    remote.add_arguments(p)
+    return add_common_arguments(p)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    args, code = parse(build_parser(), argv)
+    if args is None:
+        return code
     path = Path(args.path)
+    if args.export_tb:  # a laptop's review --pull asks for the bytes it lacks (hpc_agent.remote_tb)
+        from hpc_agent.remote_tb import export_main
+
+        return export_main(path)
+    if args.remote:  # the table runs on the login node; plots and TensorBoard run here, on a --pull mirror
+        if args.pull:
+            from hpc_agent.remote_tb import pull_for_review
+
+            code, local = pull_for_review(args, remote.local_argv(argv))
+            return code if local is None else main(local)
+        if args.plot or args.serve:
+            print("review --remote: --plot and --serve run on this machine: add --pull DIR", file=sys.stderr)
+            return EXIT_USAGE
+        return remote.forward("review", remote.local_argv(argv), args)
+    if args.pull:
+        print("review: --pull needs --remote USER@HOST", file=sys.stderr)
+        return EXIT_USAGE
     if args.serve:  # refuse an unsafe bind before reading anything
         from hpc_agent.review_serve import TOKEN_ENV, bind_problem
 

@@ -6,8 +6,9 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
 # The watcher's notices about a running attempt (hpc_agent.follow_hang): it asked for the stacks of a run
-# that looked hung, or the run moved on. Neither ends an attempt nor names its cause; the decision does.
-NOTICE_ACTIONS = frozenset({"hang_suspected", "hang_cleared"})
+# that looked hung, or the run moved on; a notification sent (hpc_agent/notify.py). None ends an attempt nor
+# names its cause; the decision does.
+NOTICE_ACTIONS = frozenset({"hang_suspected", "hang_cleared", "notification"})
 
 
 def is_notice(record: Mapping[str, Any]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import logging
 import os
 import shlex
 import sys
@@ -14,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import code_snapshot, paths, rundir
+from hpc_agent import code_snapshot, exit_status, paths, remote, rundir
+from hpc_agent.cli_common import add_common_arguments, configure, passthrough
 from hpc_agent.config.load import load_config, resolve_config_path, to_yaml
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.launcher import EXECUTORS, job_name_for, local_parameters, make_run_id, render_job_script
@@ -23,10 +25,11 @@ from hpc_agent.preflight import (REFUSE, WARN, MemoryVerdict, gpu_capacity, memo
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.sacct import job_state, parse_parsable2
 
-EXIT_CONFIG = 2
-EXIT_SUBMIT_FAILED = 3
-EXIT_JOB_FAILED = 4
-EXIT_WONT_FIT = 5  # the memory estimate exceeds the GPU's memory (submit --force to override)
+EXIT_CONFIG = exit_status.USAGE
+EXIT_SUBMIT_FAILED = exit_status.SLURM  # sbatch refused or timed out
+EXIT_JOB_FAILED = exit_status.FAILED  # --wait: the job did not complete
+EXIT_WONT_FIT = exit_status.WONT_FIT  # the memory estimate exceeds the GPU's memory (submit --force to override)
+log = logging.getLogger("hpc_agent.submit")  # not __name__: under python -m it is __main__, outside the tree
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -36,20 +39,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m hpc_agent.submit",
         description="Validate a training config and submit it as a Slurm job (or a local job).",
         epilog="Example: python -m hpc_agent.submit configs/quickstart.yaml train.lr=1e-3 slurm.partition=low\n"
-               "Exit codes: 0 submitted, 2 invalid config, 3 sbatch refused, 4 job failed (--wait), "
-               "5 the memory estimate does not fit the GPU (see --force).",
+               "Exit codes: 0 submitted, 1 the job failed (--wait), 2 invalid config, 3 sbatch refused or timed out, "
+               "6 the memory estimate does not fit the GPU (see --force); all commands: docs/cli.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("config", help="YAML config: a path, or the name of a file in configs/ (e.g. quickstart)")
+    parser.add_argument("config", help="YAML config: a path, the name of a file in configs/ (e.g. quickstart), "
+                                       "or - to read it from stdin (what submit --remote sends)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.max_steps=50")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and job script; submit nothing")
     parser.add_argument("--executor", choices=EXECUTORS, default="auto",
                         help="slurm (sbatch), local (a process on this machine), or auto: slurm if sbatch is on PATH")
     parser.add_argument("--force", action="store_true",
                         help="submit even if the memory estimate does not fit the partition's GPUs (then only warn)")
-    parser.add_argument("--wait", action="store_true", help="wait for the job to finish and print its state and log tail")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for the run to end (repaired on the way by the runs root's watcher, or by one in "
+                             "this process when none runs), showing its progress; print its final state")
     parser.add_argument("--wait-timeout", type=float, default=3600, help="seconds to wait with --wait (default 3600)")
-    return parser
+    parser.add_argument("--profile", metavar="NAME", help="a cluster profile under your config (default: "
+                        "$HPC_AGENT_PROFILE); the run's snapshot records it (docs/profiles.md)")
+    remote.add_arguments(parser)  # --remote USER@LOGIN: validate here, submit there (hpc_agent.remote_submit)
+    return add_common_arguments(parser, slurm=True)
 
 
 def choose_executor(requested: str, sbatch_available: bool) -> tuple[str, Optional[str]]:
@@ -91,7 +100,7 @@ def _wait(executor_kind: str, job, job_id: str, timeout_s: float) -> str:
         try:
             state = job_state(parse_parsable2(cli.sacct([job_id])), job_id) or "UNKNOWN"
         except SlurmError as exc:  # accounting hiccup: the state is unknown, keep waiting
-            print(f"  (sacct failed: {exc}; retrying)", file=sys.stderr)
+            log.warning("  (sacct failed: %s; retrying)", exc)
         if state in TERMINAL_STATES:
             return state
         time.sleep(delay)
@@ -126,15 +135,26 @@ def check_memory(cfg, kind: str) -> MemoryVerdict:
         try:
             gres = partition_gres(SlurmCLI(timeout_s=15).run(list(sinfo_argv())).stdout, cfg.slurm.partition)
         except SlurmError as exc:
-            print(f"  (sinfo failed, GPU memory unknown: {exc})", file=sys.stderr)
+            log.warning("  (sinfo failed, GPU memory unknown: %s)", exc)
     capacity, source = gpu_capacity(cfg, gres)
     return memory_verdict(cfg, capacity, source)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    configure(args)
+    if args.remote:
+        from hpc_agent.remote_submit import submit_remote
+
+        return submit_remote(args, remote.local_argv(argv))
     try:
-        cfg = load_config(args.config, args.overrides)
+        profile = args.profile
+        if args.config == "-":  # the resolved config on stdin, sent by submit --remote from a laptop
+            from hpc_agent.remote_submit import config_from_stdin
+
+            args.config = config_from_stdin()
+            profile = ""  # it is resolved: the laptop applied the profile, and the snapshot records it
+        cfg = load_config(args.config, args.overrides, profile=profile)
         # Your code, found now (never imported: it may import torch); copied once the run dir exists.
         snapshot = code_snapshot.plan_for(cfg, Path.cwd())
     except ConfigError as exc:
@@ -144,10 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kind, announcement = choose_executor(args.executor, SlurmCLI.available())
     if announcement:
-        print(announcement)
+        log.info(announcement)
     verdict = check_memory(cfg, kind)
-    for line in render(verdict, args.force):
-        print(line, file=sys.stderr if verdict.level in (WARN, REFUSE) else sys.stdout)
+    for line in render(verdict, args.force):  # a warning or refusal on stderr; an OK verdict is progress (-q)
+        log.log(logging.WARNING if verdict.level in (WARN, REFUSE) else logging.INFO, line)
     if verdict.level == REFUSE and not args.force:
         print("Nothing was submitted.", file=sys.stderr)
         return EXIT_WONT_FIT
@@ -200,10 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths.keep_project_template(template_name(cfg), source, run_dir)
     if snapshot is not None:  # first submission only: the watcher's resubmissions reuse this copy
         try:
-            print(code_snapshot.describe(code_snapshot.take(snapshot, run_dir)), flush=True)
+            log.info(code_snapshot.describe(code_snapshot.take(snapshot, run_dir)))
         except (OSError, ConfigError) as exc:
             _warn(f"Copying your code into {rundir.code_dir(run_dir)} failed: {exc}\nNothing was submitted.")
-            return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_SUBMIT_FAILED
+            return EXIT_CONFIG if isinstance(exc, ConfigError) else exit_status.FAILED
     ledger = Ledger.in_runs_root(runs_root)
     ledger.add_run(run_id, cfg.run.name, str(run_dir))
     watch_cmd = f"python -m hpc_agent.watch --runs-root {runs_root}"
@@ -247,7 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.wait:
         return 0
     print(f"waiting for job {job_id} ...", flush=True)
-    state = _wait(kind, job, job_id, args.wait_timeout)
+    if kind == "slurm":  # the run's true end, repaired on the way by a watcher (our own when none runs)
+        from hpc_agent.submit_wait import wait_run
+
+        state, job_id, _ = wait_run(runs_root, run_id, args.wait_timeout)
+        logs = log_paths(run_dir, job_id, cfg.slurm.tasks_per_node * cfg.slurm.nodes)
+    else:
+        state = _wait(kind, job, job_id, args.wait_timeout)
     print(f"job {job_id} finished: {state}")
     if logs[0].exists():
         try:
@@ -261,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hpc_agent import diagnose
 
         print("diagnosis:", flush=True)
-        diagnose.main([job_id, "--runs-root", str(runs_root)])
+        diagnose.main([job_id, "--runs-root", str(runs_root), *passthrough(args)])
     return EXIT_JOB_FAILED
 
 

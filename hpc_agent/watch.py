@@ -6,8 +6,8 @@ live jobs, diagnoses attempts that ended, and requeues, expedites or resubmits t
 adjusted to the cause; every decision goes to the ledger and the run's ``events.jsonl``.
 
 It runs in the foreground, stops cleanly on SIGTERM/SIGINT (after the current tick), and holds the runs
-root's watcher lease in the ledger (a heartbeat every tick): a second watcher exits with code 3 naming the
-holder, or with ``--wait-for-lease`` waits until the lease expires and takes over. ``--pause`` creates
+root's watcher lease in the ledger (a heartbeat every tick): a second watcher exits with code 4 (busy) naming
+the holder, or with ``--wait-for-lease`` waits until the lease expires and takes over. ``--pause`` creates
 ``<runs root>/watch.paused`` (``hpc_agent.killswitch``): every watcher stops acting within one tick, and
 every sweep driver on the root stops before its next submission or cancel, until ``--resume`` removes it.
 Pausing or resuming a folder that is not a runs root (no ledger: a mistyped path) exits 2 and creates nothing.
@@ -16,6 +16,7 @@ A run the watcher could not follow is parked in ``needs_attention``; ``--resume-
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -23,8 +24,11 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from hpc_agent import handback, killswitch
+from hpc_agent import exit_status, handback, killswitch
+from hpc_agent.cli_common import add_common_arguments, configure
+from hpc_agent import notify
 from hpc_agent.config.load import RUNS_ENV
+from hpc_agent.config.problems import ConfigError
 from hpc_agent.filemodes import make_dir
 from hpc_agent.ledger import LEDGER_FILE, Ledger
 from hpc_agent.policy import PolicyLimits
@@ -32,9 +36,10 @@ from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S as INTENT_GRACE_S
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.sinfo import max_node_memory_mb, node_memory_argv
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_LOCKED = 3
+EXIT_OK = exit_status.OK
+EXIT_USAGE = exit_status.USAGE
+EXIT_LOCKED = exit_status.BUSY  # another watcher holds the runs root's lease (or took it over)
+log = logging.getLogger("hpc_agent.watch")  # not __name__: under python -m it is __main__, outside the tree
 MAX_BACKOFF_S = 300.0
 
 
@@ -42,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hpc_agent.watch",
         description="Follow runs, diagnose ended attempts and requeue or resubmit them with an adjusted config.",
-        epilog="Keep it running on a login node with a systemd user unit or scrontab (see docs/watcher.md).")
+        epilog="Keep it running on a login node with a systemd user unit or scrontab (see docs/watcher.md). "
+               + exit_status.epilog(exit_status.OK, exit_status.USAGE, exit_status.BUSY))
     parser.add_argument("--runs-root", default=os.environ.get(RUNS_ENV, "./runs"),
                         help=f"runs root holding ledger.sqlite (default: ${RUNS_ENV} or ./runs)")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between ticks (default 5)")
@@ -58,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds without a heartbeat after which another watcher may take over (default 60)")
     parser.add_argument("--wait-for-lease", action="store_true",
                         help="if another watcher holds the runs root, wait for its lease to expire instead of exiting")
+    notify.add_arguments(parser)  # --notify-webhook/--notify-command: the runs-root default (docs/notifications.md)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--pause", action="store_true",
                        help="kill switch: make every watcher and sweep driver on the runs root stop acting, then "
@@ -66,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--resume-run", metavar="RUN_ID", help="follow a run parked in needs_attention again, then exit")
     group.add_argument("--rebuild-events", metavar="RUN_ID",
                        help="rewrite the run's events.jsonl from the ledger's audit journal, then exit")
-    return parser
+    group.add_argument("--install-systemd", action="store_true",
+                       help="write ~/.config/systemd/user/hpc-agent-watch.service for this runs root and Python, "
+                            "print the systemctl command that starts it (or run it with --now), then exit")
+    group.add_argument("--print-scrontab", action="store_true",
+                       help="print the scrontab entry that keeps this watcher running as a Slurm job, then exit")
+    parser.add_argument("--now", action="store_true", help="with --install-systemd: also enable and start the unit")
+    return add_common_arguments(parser, slurm=True)
 
 
 def largest_node_memory_mb(slurm: SlurmCLI) -> Optional[int]:
@@ -97,12 +110,22 @@ def _sleep(seconds: float, stop: _Stop, woken: Callable[[], bool] = lambda: Fals
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    configure(args)
+    if args.install_systemd or args.print_scrontab:  # rendered in one place: hpc_agent.service_files
+        from hpc_agent import service_files
+
+        return service_files.main(args)
     runs_root = Path(args.runs_root).expanduser().resolve()
     pause_file = killswitch.pause_path(runs_root)
     if args.pause or args.resume:
         return killswitch.switch(runs_root, pause=args.pause)
     if args.interval <= 0 or args.lease_ttl <= 0 or args.intent_grace < 0:
         print("--interval and --lease-ttl must be positive, --intent-grace not negative", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        args.notify_default = notify.default_from_args(args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
         return EXIT_USAGE
     if not (runs_root / LEDGER_FILE).exists():
         print(f"no ledger at {runs_root / LEDGER_FILE} yet: submit a run first, or pass --runs-root", file=sys.stderr)
@@ -154,7 +177,7 @@ def _take_lease(lease, args: argparse.Namespace, stop: "_Stop") -> bool:
         if not args.wait_for_lease:
             print(f"{text}. Exiting (use --wait-for-lease to take over when it expires).", file=sys.stderr)
             return False
-        print(f"[watch] {text}; waiting", flush=True)
+        log.info("[watch] %s; waiting", text)
         _sleep(min(max(left, 1.0), 10.0), stop)
         if stop.requested:
             return False
@@ -175,9 +198,10 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
     slurm = SlurmCLI(timeout_s=60)
     watcher = Watcher(ledger, slurm, runs_root=runs_root, dry_run=args.dry_run, executor=args.executor,
                       pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)), lease=lease,
-                      intent_grace_s=args.intent_grace)
-    print(f"[watch] following {runs_root} every {args.interval:g} s; ledger journal {ledger.journal_mode[0]} "
-          f"({ledger.journal_mode[1]})" + (" (dry run: acting on nothing)" if args.dry_run else ""), flush=True)
+                      intent_grace_s=args.intent_grace, notify=getattr(args, "notify_default", None),
+                      out=log.info)  # its lines are progress (decisions are in events.jsonl): -q silences them
+    log.info(f"[watch] following {runs_root} every {args.interval:g} s; ledger journal {ledger.journal_mode[0]} "
+             f"({ledger.journal_mode[1]})" + (" (dry run: acting on nothing)" if args.dry_run else ""))
     try:
         if not watcher.paused():
             watcher.reconcile()
@@ -203,7 +227,7 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
         return EXIT_LOCKED
     if lease is not None:
         lease.release()
-    print("[watch] stopped", flush=True)
+    log.info("[watch] stopped")
     return EXIT_OK
 
 

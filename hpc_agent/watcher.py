@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from hpc_agent import effects, killswitch, observe, rundir
 from hpc_agent.config.problems import ConfigError
+from hpc_agent.config.profile import sacct_json_quirk
 from hpc_agent.follow import NOT_ASKED, Live, Observation, Outcome, RunState, Suspicion, Wants, follow, wants
 from hpc_agent.handback import handing_back
 from hpc_agent.in_job import InJobIngest
@@ -24,6 +25,7 @@ from hpc_agent.job_match import Claim, own_attempts
 from hpc_agent.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
 from hpc_agent.ledger import Ledger, Run
 from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase, transition
+from hpc_agent.notify import Notifier
 from hpc_agent.policy import PolicyLimits
 from hpc_agent.slurm.queries import queue_state
 from hpc_agent.slurm.attempt_cache import AttemptCache
@@ -51,7 +53,8 @@ class Watcher:
                  dry_run: bool = False, executor: str = "slurm", limits: Optional[PolicyLimits] = None,
                  submit: Callable[..., Any] = submit_attempt, out: Callable[[str], None] = print,
                  pause_file: Optional[Path] = None, lease: Optional[WatcherLease] = None,
-                 intent_grace_s: float = effects.INTENT_GRACE_S, sacct_json: Optional[bool] = None):
+                 intent_grace_s: float = effects.INTENT_GRACE_S, sacct_json: Optional[bool] = None,
+                 notify: Optional[Any] = None):
         self.ledger, self.slurm, self.runs_root, self.clock, self.out = ledger, slurm, Path(runs_root), clock, out
         self.dry_run, self.limits, self.lease = dry_run, limits or PolicyLimits(), lease
         self.pause_file = pause_file or killswitch.pause_path(self.runs_root)
@@ -63,12 +66,17 @@ class Watcher:
         self._quiet: Dict[str, Any] = {}  # runs whose last follow() decided nothing, with its inputs
         self._sacct = AttemptCache()  # parses only the jobs whose sacct lines changed since the last tick
         # --json or text: decided by one probe on the first tick that reads sacct, kept for the watcher's life.
-        self._source = observe.SacctSource(sacct_json)
+        # A profile's quirks.sacct_json=false ($HPC_AGENT_PROFILE, docs/profiles.md) skips the probe: text.
+        self._source = observe.SacctSource(sacct_json if sacct_json is not None else sacct_json_quirk())
         self._own: Dict[str, Any] = {}  # job id -> (sacct's attempts, claim, the run's own): reused while unchanged
         self._said_foreign: set = set()
         self._scalars: Dict[str, Any] = {}  # per run, kept between ticks: each tick reads only new TB bytes
         self.in_job = InJobIngest(ledger, self.journal, self._say)  # the job's own repairs (hpc_agent/in_job.py)
         self._settings: Dict[str, Any] = {}  # job id -> its run's (resilience settings, watch.enabled, beats expected)
+        # Notifications from the audit trail; ``notify``: the runs-root default (watch --notify-*), a run's own wins.
+        self.notifier = Notifier(ledger, self.journal, self._say, notify, self.limits)
+        if not dry_run:  # from now on: what this watcher decides is announced, not the ledger's history
+            self._notify(self.notifier.start)
 
     def paused(self) -> bool:
         return killswitch.is_paused(self.pause_file)
@@ -87,6 +95,7 @@ class Watcher:
         self._report = report or TickReport()
         if not self.dry_run:
             self.carrier.settle()
+            self._notify()  # what a killed watcher decided but did not announce
         return self._report
 
     def tick(self) -> TickReport:
@@ -94,6 +103,8 @@ class Watcher:
         if self.paused():
             report.paused = True
             self.out(f"[watch {self._time()}] paused ({self.pause_file} exists): no actions")
+            if not self.dry_run:
+                self._notify(self.notifier.paused, self.pause_file)
             return report
         if self.lease is not None and not self.dry_run:
             self.lease.renew()
@@ -143,8 +154,18 @@ class Watcher:
             run = self.ledger.run(run_id)
             self._guarded(run, job_id, lambda: self._follow(run, state, attempts, marks))
         if not self.dry_run:
+            self._notify()
             self.carrier.flush_events()
         return report
+
+    def _notify(self, step: Optional[Callable[..., Any]] = None, *args: Any) -> None:
+        """Notifications (hpc_agent/notify.py): a failing notifier, or a bug in one, is said and never stops a tick."""
+        try:
+            (step or self.notifier.tick)(*args)
+        except LeaseLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the watcher's work matters more than its announcements
+            self.out(f"[watch {self._time()}] notifications failed ({type(exc).__name__}: {exc}); the watcher goes on")
 
     def _own_attempts(self, claim: Claim, attempts: List[Any]) -> Any:
         """The run's own attempts among what sacct lists under its job id (hpc_agent/job_match.py), kept in

@@ -52,9 +52,10 @@ DB_PASS=slurmdbpass                          # local test DB, socket-only
 CTLD_PORT=6817
 DBD_PORT=6819
 
-PACKAGES=(slurm-wlm slurmdbd mariadb-server munge)
+# openssh: the --remote tests run their own sshd on a free localhost port (tests/helpers/sshd.py).
+PACKAGES=(slurm-wlm slurmdbd mariadb-server munge openssh-server openssh-client)
 REQUIRED_BINS=(slurmctld slurmd slurmdbd sacctmgr sbatch sinfo sacct scontrol
-               mariadbd mariadb mariadb-admin munged munge unmunge)
+               mariadbd mariadb mariadb-admin munged munge unmunge sshd ssh ssh-keygen)
 
 # --------------------------------------------------------------------------
 # Output helpers

@@ -46,7 +46,7 @@ def test_sbatch_argv():
     assert argv[:2] == ["sbatch", "--test-only"] and argv[-2:] == ["--wrap", "true"]
     joined = " ".join(argv)
     for piece in ("--nodes 2", "--ntasks-per-node 4", "--cpus-per-task 8", "--time 01:00:00", "--partition high",
-                  "--account acct", "--mem 16G", "--gres gpu:4"):
+                  "--account acct", "--mem 16G", "--gpus-per-node 4"):
         assert piece in joined
     assert "--qos" not in joined
 

@@ -19,6 +19,7 @@ def imported_modules(importtime_stderr: str) -> list[str]:
     ["-m", "hpc_agent.submit", "quickstart", "--dry-run", "--executor", "local"],
     ["-m", "hpc_agent", "--help"],
     ["-m", "hpc_agent.watch", "--once", "--dry-run", "--runs-root"],
+    ["-m", "hpc_agent.status", "--runs-root"],
     ["-m", "hpc_agent.diagnose", "--json", "--sacct-file", str(REPO / "tests" / "data" / "sacct" / "completed.txt"),
      "--runs-root"],
 ])

@@ -80,7 +80,7 @@ def test_submit_refuses_without_force(tmp_path):
     root = tmp_path / "runs"
     proc = run_cli("-m", "hpc_agent.submit", "quickstart", *BIG_ARGS, "slurm.gpu_memory_gib=8",
                    f"run.runs_root={root}", "--executor", "local")
-    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert proc.returncode == 6, proc.stdout + proc.stderr  # exit_status.WONT_FIT
     assert "refusing to submit" in proc.stderr and "--force" in proc.stderr
     assert "add: train.micro_batch_size=1 train.grad_accum_steps=16 train.activation_checkpointing=true" in proc.stderr
     assert not root.exists()  # nothing created, nothing in a ledger

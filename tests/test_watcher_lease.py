@@ -90,7 +90,7 @@ def test_two_real_watchers_on_one_root(tmp_path):
         refused = subprocess.run([sys.executable, "-m", "hpc_agent.watch", "--runs-root", str(root), "--once"],
                                  capture_output=True, text=True, timeout=120,
                                  env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert refused.returncode == 3
+        assert refused.returncode == 4  # exit_status.BUSY
         assert "another watcher follows this runs root" in refused.stderr and f"pid {first.pid}" in refused.stderr
         assert "Traceback" not in refused.stderr
         os.kill(first.pid, signal.SIGSTOP)  # alive but silent: its heartbeat stops
@@ -101,7 +101,7 @@ def test_two_real_watchers_on_one_root(tmp_path):
         assert time.monotonic() - started <= 10  # the 3 s TTL ran out, then it took over
         os.kill(first.pid, signal.SIGCONT)
         out, _ = first.communicate(timeout=60)
-        assert first.returncode == 3 and "taken over" in out  # the old one stops instead of acting twice
+        assert first.returncode == 4 and "taken over" in out  # the old one stops instead of acting twice
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=60) == 0
     finally:

@@ -27,6 +27,7 @@ from hpc_agent import paths
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_IN_WHEEL = ["hpc_agent/shipped/configs/base.yaml", "hpc_agent/shipped/configs/quickstart.yaml",
+                    "hpc_agent/shipped/configs/profiles/localhost.yaml",
                     "hpc_agent/shipped/sbatch_templates/default.yaml", "launch/data/corpus.txt"]
 # Junk that a copy of the checkout leaves out when git cannot say what is tracked.
 NOT_SOURCE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", "*.egg-info", "build", "dist", "runs",

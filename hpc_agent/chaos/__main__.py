@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hpc_agent import exit_status
+from hpc_agent.cli_common import add_common_arguments, configure
 from hpc_agent.fsutil import atomic_write_json
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_status.OK, exit_status.FAILED, exit_status.USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,13 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-root", default=None, help="runs root for the chaos run (default ./runs/chaos-<time>)")
     p.add_argument("--report-json", metavar="OUT", help="also write the report as JSON")
     p.add_argument("--print-schedule", action="store_true", help="print the schedule and exit")
-    return p
+    return add_common_arguments(p, slurm=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from hpc_agent.chaos.schedule import ScheduleError, dumps, from_seed, load_schedule_text
 
     args = build_parser().parse_args(argv)
+    configure(args)
     overrides = list(args.overrides)
     if args.config and "=" in args.config:  # only overrides given: keep the default config
         overrides.insert(0, args.config)
@@ -70,6 +73,11 @@ def run(config: str, overrides: Sequence[str], schedule, duration: float, runs_r
     from hpc_agent.chaos import inject
     from hpc_agent.chaos.driver import ChaosDriver, Target, submit_run
     from hpc_agent.chaos.report import p3, passed, render
+    from hpc_agent.embedded_watch import describe_holder, lease_holder
+    from hpc_agent.ledger import Ledger
+    from hpc_agent.progress import Tracker
+    from hpc_agent.progress_view import make_printer
+    from hpc_agent.slurm.cli import SlurmCLI
 
     root = Path(runs_root or f"runs/chaos-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
@@ -77,16 +85,27 @@ def run(config: str, overrides: Sequence[str], schedule, duration: float, runs_r
     except (RuntimeError, ValueError) as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    watcher = inject.Watcher(root)
-    watcher.start()
+    # One rule with submit --wait and sweep: a watcher that holds the runs root's lease is used; else one is
+    # started. Here a process (not embedded): the watcher_kill fault SIGKILLs and restarts it.
+    holder = lease_holder(root)
+    watcher = None if holder is not None else inject.Watcher(root)
+    if watcher is not None:
+        watcher.start()
     target = Target("watched", root, run_dir, watcher)
-    print(f"chaos: run {run_dir} under the watcher (log {watcher.log}); at most {duration:.0f}s", flush=True)
-    driver = ChaosDriver([target], schedule, duration_s=duration,
-                         out=lambda line: print(line, flush=True))
+    print(f"chaos: run {run_dir} under the watcher " + (f"(log {watcher.log})" if watcher else
+          f"{describe_holder(holder, time.time())} already on {root}") + f"; at most {duration:.0f}s", flush=True)
+    ledger = Ledger.in_runs_root(root)
+    printer = make_printer()
+    tracker = Tracker(ledger, SlurmCLI(timeout_s=60), printer)
+    driver = ChaosDriver([target], schedule, duration_s=duration, out=lambda line: print(line, flush=True),
+                         on_poll=lambda: tracker.show([(target.name, run_dir.name)]))
     try:
         summaries = driver.run()
     finally:
-        watcher.stop()
+        printer.close()
+        ledger.close()
+        if watcher is not None:
+            watcher.stop()
         _cancel(target)
     print(render(driver.records, summaries))
     print(f"P3 (steps lost per signalled preemption): {p3(driver.records)}")

@@ -84,8 +84,9 @@ class _Open:
 class ChaosDriver:
     def __init__(self, targets: Sequence[Target], schedule: Sequence[Fault], *, duration_s: float,
                  sequential: bool = True, recovery_timeout_s: float = 300.0, poll_s: float = 1.0,
-                 out: Callable[[str], None] = print, slurm: Optional[SlurmCLI] = None):
-        self.targets, self.schedule = list(targets), list(schedule)
+                 out: Callable[[str], None] = print, slurm: Optional[SlurmCLI] = None,
+                 on_poll: Callable[[], None] = lambda: None):
+        self.targets, self.schedule, self.on_poll = list(targets), list(schedule), on_poll  # on_poll: progress
         self.duration_s, self.sequential, self.poll_s = duration_s, sequential, poll_s
         self.recovery_timeout_s, self.out = recovery_timeout_s, out
         self.slurm = slurm or SlurmCLI(timeout_s=60)
@@ -111,6 +112,7 @@ class ChaosDriver:
         self.say("training started; schedule: " + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in self.schedule))
         pending = list(self.schedule)
         while time.time() < deadline:
+            self.on_poll()
             self._follow_recoveries()
             for t in self.targets:
                 self._note_progress(t)

@@ -25,7 +25,7 @@ MAX_LEAVES = 10_000              # a config has ~100 keys; a layer with more is 
 _OPEN = re.compile(r"(\\*)\$\{")
 _ENV_REF = re.compile(r"oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^${}\\]*))?\}")
 # Fields that become #SBATCH options, the job name or the log paths in them; the rest never reach Slurm.
-_RUN_METADATA = ("run.name", "run.runs_root")
+_RUN_METADATA = ("run.name", "run.runs_root", "notify.mail_type", "notify.mail_user")  # mail: #SBATCH --mail-*
 _SLURM_PRIVATE = ("slurm.template", "slurm.gpu_memory_gib", "slurm.env_in_metadata")
 
 
@@ -137,7 +137,7 @@ def is_metadata(path: str) -> bool:
 def allowed_key(entry: str) -> str:
     """``account`` and ``extra_sbatch.comment`` are short for the ``slurm.`` keys; others are full keys."""
     entry = str(entry)
-    return entry if entry.startswith(("slurm.", "run.")) else f"slurm.{entry}"
+    return entry if entry.startswith(("slurm.", "run.", "notify.")) else f"slurm.{entry}"
 
 
 def metadata_problems(origins: Mapping[str, List[str]], allowed: Sequence[str],

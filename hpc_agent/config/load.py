@@ -1,4 +1,5 @@
-"""Load a config: structured defaults <- configs/base.yaml <- the file <- $HPC_AGENT_RUNS <- key=value overrides.
+"""Load a config: structured defaults <- configs/base.yaml <- a cluster profile (``--profile``,
+docs/profiles.md) <- the file <- $HPC_AGENT_RUNS <- key=value overrides.
 
 Every layer is applied leaf by leaf so that one bad key does not hide the next one: unknown keys and
 wrong types are collected, then every section validates itself, then cross-section checks run, and
@@ -210,8 +211,10 @@ def _capped(problems: List[Problem], limit: int = 50) -> List[Problem]:
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *, env: Mapping[str, str] = os.environ,
-                with_base: bool = True) -> Config:
-    """Load ``path`` (plus ``configs/base.yaml`` and ``overrides``) into a validated :class:`Config`."""
+                with_base: bool = True, profile: Optional[str] = None) -> Config:
+    """Load ``path`` (plus ``configs/base.yaml``, the profile ``profile`` or ``$HPC_AGENT_PROFILE``, and
+    ``overrides``) into a validated :class:`Config`."""
+    from hpc_agent.config.profile import profile_layers, selected
     problems: List[Problem] = []
     layers: List[Mapping[str, Any]] = []
     try:
@@ -222,12 +225,17 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *, env: 
     base = configs_dir() / "base.yaml"
     if with_base and base.is_file() and (file_path is None or _same_file(file_path, base)):
         layers.append(_read_yaml(base, problems))
+    record: List[Mapping[str, Any]] = []
+    if name := selected(profile, env):  # between the base and your file: yours wins (docs/profiles.md)
+        found, why = profile_layers(name, [file_path] if file_path is not None else [])
+        problems.extend(why)
+        layers, record = layers + found[:1], found[1:]
     if file_path is not None:
         layers.append(_read_yaml(file_path, problems))
     if env.get(RUNS_ENV):
         layers.append({"run": {"runs_root": env[RUNS_ENV]}})
     layers.append(parse_overrides(overrides, problems))
-    return build_config(layers, problems)
+    return build_config(layers + record, problems)  # the record last: it names the profile really read
 
 
 def _same_file(path: Path, base: Path) -> bool:

@@ -20,6 +20,8 @@ from hpc_agent.config.checks import (MEM_RE, NAME_RE, TIME_RE, check_choice, che
 from hpc_agent.config.fields import path_problem
 from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsConfig, ModelConfig
 from hpc_agent.config.problems import Problem
+from hpc_agent.config.profile import Profile
+from hpc_agent.config.notify import NotifyConfig, mail_problems
 from hpc_agent.config.resilience import ResilienceConfig
 from hpc_agent.config.user_code import ContainerConfig, command_problems, workload_problem
 from hpc_agent.memory import REDUCE_BUCKET_SIZE
@@ -27,7 +29,7 @@ from hpc_agent.memory import REDUCE_BUCKET_SIZE
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 __all__ = ["Config", "RunConfig", "SlurmConfig", "TrainConfig", "WatchConfig", "ModelConfig", "DataConfig",
-           "FaultsConfig", "ResilienceConfig", "ContainerConfig", "SECTIONS", "IMBALANCE_METHODS"]
+           "FaultsConfig", "ResilienceConfig", "ContainerConfig", "Profile", "NotifyConfig", "SECTIONS", "IMBALANCE_METHODS"]
 
 @dataclass
 class RunConfig:
@@ -349,6 +351,12 @@ class Config:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     """Run the job inside a container image (pyxis or Apptainer)."""
 
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
+    """Notifications: a command, a webhook, Slurm's mail."""
+
+    profile: Profile = field(default_factory=Profile)
+    """The cluster profile: GPU request style, activation lines, Slurm quirks (docs/profiles.md)."""
+
     env_origin: Dict[str, List[str]] = field(default_factory=dict)
     """Written by the loader, not by you: which keys took their value from ``${oc.env:NAME}`` at submit and
     from which variables (names only, never values). Kept in the run's config snapshot."""
@@ -362,6 +370,7 @@ class Config:
                 "bf16, fp32 or auto: FP16 needs a CUDA GPU and slurm.gpus_per_node is 0 "
                 "(DeepSpeed has no FP16 on the CPU); or ask for GPUs with slurm.gpus_per_node=1",
             ))
+        problems += mail_problems(self.notify, self.slurm.extra_sbatch)
         return problems
 
     def __post_init__(self) -> None:
@@ -370,4 +379,4 @@ class Config:
 
 SECTIONS = {"run": RunConfig, "slurm": SlurmConfig, "train": TrainConfig, "model": ModelConfig,
             "data": DataConfig, "faults": FaultsConfig, "watch": WatchConfig,
-            "resilience": ResilienceConfig, "container": ContainerConfig}
+            "resilience": ResilienceConfig, "container": ContainerConfig, "profile": Profile, "notify": NotifyConfig}

@@ -5,14 +5,47 @@ interpreted by a shell and a hung slurmctld can never hang the caller.
 """
 from __future__ import annotations
 
+import logging
+import os
+import shlex
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 from hpc_agent.slurm.sacct import SACCT_FIELDS
 
-ALLOWED = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "sinfo", "srun")  # srun: doctor's bounded probe
+ALLOWED = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "sinfo", "srun",  # srun: doctor's bounded probe
+           "sacctmgr")  # read-only `list`: doctor --profile's account/qos check (hpc_agent/doctor_profile.py)
+CLUSTERS_ENV = "HPC_AGENT_CLUSTERS"
+"""The run-wide ``--clusters`` (Slurm's ``-M``): set by a command's ``--clusters`` flag or by the user, read
+at every call, and inherited by the processes hpc_agent starts (chaos's submit and watcher, the job)."""
+_CLUSTER_HEADER = "CLUSTER: "  # squeue/sinfo/scontrol under -M print "CLUSTER: name" above their output
+log = logging.getLogger(__name__)
+
+
+def clusters() -> Optional[str]:
+    """The cluster(s) every Slurm command addresses, or None for Slurm's default."""
+    return os.environ.get(CLUSTERS_ENV, "").strip() or None
+
+
+def with_clusters(argv: Sequence[str], names: Optional[str]) -> List[str]:
+    """``argv`` with ``--clusters=names`` right after the command (every allowed command takes it there:
+    scontrol's option must precede its subcommand); unchanged without names or when argv names one itself."""
+    argv = list(argv)
+    if not names or any(a in ("-M", "--clusters") or a.startswith(("-M", "--clusters=")) for a in argv[1:]):
+        return argv
+    if argv[0] == "sacctmgr":  # it has no --clusters (it asks slurmdbd, which serves every cluster)
+        return argv
+    return [argv[0], f"--clusters={names}", *argv[1:]]
+
+
+def strip_cluster_headers(text: str) -> str:
+    """The output without the ``CLUSTER: name`` lines -M adds, so every parser reads what it reads without -M."""
+    if _CLUSTER_HEADER not in text:
+        return text
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(_CLUSTER_HEADER))
 
 
 class SlurmError(RuntimeError):
@@ -36,8 +69,9 @@ job id is left alone: its submitter, or the sbatch child of a killed one, may st
 class SlurmCLI:
     """Runs Slurm commands. Inject a fake one in tests of code that calls it."""
 
-    def __init__(self, timeout_s: float = 30.0):
+    def __init__(self, timeout_s: float = 30.0, clusters: Optional[str] = None):
         self.timeout_s = timeout_s
+        self.clusters = clusters  # None: the run-wide setting (CLUSTERS_ENV), read at each call
 
     @staticmethod
     def available() -> bool:
@@ -46,17 +80,27 @@ class SlurmCLI:
     def run(self, argv: Sequence[str], check: bool = True, timeout_s: float | None = None) -> Result:
         if not argv or argv[0] not in ALLOWED:
             raise SlurmError(f"refusing to run {argv[:1]}: only {', '.join(ALLOWED)} are allowed")
+        names = self.clusters or clusters()
+        argv = with_clusters(argv, names)
+        started = time.monotonic()
         try:
-            proc = subprocess.run(list(argv), capture_output=True, text=True,
-                                  timeout=timeout_s or self.timeout_s, check=False)
+            proc = self._execute(argv, timeout_s or self.timeout_s)
         except FileNotFoundError as exc:
             raise SlurmError(f"{argv[0]} is not installed or not on PATH") from exc
         except subprocess.TimeoutExpired as exc:
+            log.debug("%s: timed out after %.0f s", shlex.join(argv), exc.timeout)
             raise SlurmError(f"{' '.join(argv)} timed out after {exc.timeout:.0f} s") from exc
-        result = Result(list(argv), proc.returncode, proc.stdout, proc.stderr)
+        log.debug("%s: exit %d in %.2f s", shlex.join(argv), proc.returncode, time.monotonic() - started)
+        stdout = strip_cluster_headers(proc.stdout) if names else proc.stdout
+        result = Result(argv, proc.returncode, stdout, proc.stderr)
         if check and proc.returncode != 0:
             raise SlurmError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return result
+
+    @staticmethod
+    def _execute(argv: List[str], timeout_s: float) -> subprocess.CompletedProcess:
+        """The one subprocess call (tests replace it to record every Slurm argv of a code path)."""
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
 
     def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = SACCT_FIELDS, all_attempts: bool = True,
               as_json: bool = False) -> str:

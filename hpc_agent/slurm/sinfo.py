@@ -122,3 +122,14 @@ def max_node_memory_mb(sinfo_text: str) -> Optional[int]:
     """The largest node memory (MB) in ``sinfo --noheader --format %m`` output; None if it lists none."""
     sizes = [int(tok.rstrip("+")) for tok in sinfo_text.split() if tok.rstrip("+").isdigit()]
     return max(sizes) if sizes else None
+
+
+def version_argv() -> List[str]:
+    """``sinfo --version`` prints ``slurm 22.05.8`` (every Slurm command has the flag; sinfo needs no job)."""
+    return ["sinfo", "--version"]
+
+
+def parse_version(text: str) -> Optional[tuple]:
+    """``slurm 22.05.8`` (or ``slurm-wlm 19.05.5``) -> ``(22, 5)``; None when no version is in the text."""
+    match = re.search(r"\bslurm[\w-]*\s+(\d+)\.(\d+)", text or "", re.IGNORECASE)
+    return (int(match.group(1)), int(match.group(2))) if match else None

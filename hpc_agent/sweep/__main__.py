@@ -16,19 +16,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import killswitch, rundir
+from hpc_agent import exit_status, killswitch, rundir
+from hpc_agent.cli_common import add_common_arguments, configure
 from hpc_agent.config.load import load_config, to_yaml
+from hpc_agent.config.profile import PROFILE_ENV
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.extras import MissingExtra, require
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.sweep.spec import SweepSpec, parse_spec, trial_overrides, trial_run_id
 
-EXIT_OK, EXIT_CONFIG, EXIT_SLURM, EXIT_LOCKED, EXIT_PAUSED = 0, 2, 3, 4, 5
+EXIT_OK, EXIT_CONFIG, EXIT_SLURM, EXIT_LOCKED, EXIT_PAUSED = (exit_status.OK, exit_status.USAGE, exit_status.SLURM,
+                                                            exit_status.BUSY, exit_status.PAUSED)
 SWEEPS_DIR = "sweeps"
 FEATURE = "python -m hpc_agent.sweep"
 
@@ -44,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hyperparameter sweep: random start-up trials, then TPE, with pruning; trials run as "
                     "Slurm job arrays and are followed (and repaired) by the watcher like any run.",
         epilog="Example: python -m hpc_agent.sweep quickstart configs/sweep_classifier.yaml --trials 8 --parallel 2\n"
-               "Keep python -m hpc_agent.watch running on the same runs root: it requeues preempted trials.\n"
+               "A watcher running on the runs root is used; without one the driver runs its own.\n"
                "Exit codes: 0 done or stopped, 2 invalid config or not a runs root, 3 Slurm error, "
                "4 another driver runs this sweep, 5 paused (the kill switch; run again after --resume).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,13 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parallel", type=int, help="trials running at once (overrides the sweep file)")
     parser.add_argument("--storage", help="Optuna storage URL (overrides the sweep file; default sqlite in the sweep dir)")
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between polls (default 2)")
+    parser.add_argument("--profile", metavar="NAME", help="a cluster profile under every trial's config (default: "
+                        "$HPC_AGENT_PROFILE; give it again to resume the sweep); docs/profiles.md")
     parser.add_argument("--dry-run", action="store_true", help="validate, print the space and one sample trial's "
                                                                 "config; create and submit nothing")
     switch = parser.add_mutually_exclusive_group()
     switch.add_argument("--pause", action="store_true", help="kill switch for the config's runs root (the same as "
                                                              "python -m hpc_agent.watch --pause): then exit")
     switch.add_argument("--resume", action="store_true", help="lift --pause, then exit")
-    return parser
+    return add_common_arguments(parser, slurm=True)
 
 
 def load_spec(path: str, trials: Optional[int], parallel: Optional[int], storage: Optional[str]) -> SweepSpec:
@@ -122,6 +128,9 @@ def dry_run(spec: SweepSpec, args, runs_root: Path, sweep_dir: Path) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    configure(args)
+    if args.profile is not None:  # every load_config of this process (each trial's) reads it from here
+        os.environ[PROFILE_ENV] = args.profile
     try:
         optuna_module()  # first: without the sweep extra no sweep can run, whatever the arguments
     except MissingExtra as exc:
@@ -170,10 +179,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ledger = Ledger.in_runs_root(runs_root)
     driver = SweepDriver(spec, study, config=args.config, cli_overrides=args.overrides, sweep_dir=sweep_dir,
                          runs_root=runs_root, ledger=ledger, slurm=SlurmCLI())
+    from hpc_agent.sweep.live import SweepLive, summary
+
+    live = SweepLive(driver, driver.slurm, poll_s=args.poll)  # our own watcher when none holds the root
     driver.say(f"study {spec.name} in {url}: {len(study.trials)} trial(s) so far, budget {spec.trials}, "
                f"{spec.parallel} at once")
     try:
-        driver.run(poll_s=args.poll, stop=lambda: stop["now"])
+        driver.run(poll_s=args.poll, stop=lambda: stop["now"], on_poll=live)
     except killswitch.Paused as exc:
         print(f"{exc}. Trials already in Slurm keep running; nothing was half-done. To continue: "
               f"python -m hpc_agent.watch --resume --runs-root {runs_root}, then run this command again.",
@@ -186,12 +198,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(exc.render(), file=sys.stderr)
         return EXIT_CONFIG
     finally:
+        live.close()
+        counts = summary(driver)  # the study's states and the runs' phases, read before the ledger closes
         ledger.close()
-    counts = driver.counts()
     if stop["now"] and not driver.finished():
         driver.say(f"stopped; running trials keep running. Run the same command again to resume. {counts}")
         return EXIT_OK
-    driver.say(f"done: {counts}")
+    print(f"[sweep] done: {counts}", flush=True)  # the result: printed, so -q (which silences progress) keeps it
     try:
         best = study.best_trial
         driver.say(f"best: trial {best.number} {spec.tag} = {best.value:.4g} {best.params}")

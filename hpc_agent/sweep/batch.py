@@ -38,7 +38,8 @@ from hpc_agent import audit, rundir
 from hpc_agent.config.schema import Config
 from hpc_agent.fsutil import atomic_write_json
 from hpc_agent.journal import Journal
-from hpc_agent.launcher import JOB_NAME_PREFIX, fill, load_template, render_args, slurm_parameters
+from hpc_agent.launcher import (JOB_NAME_PREFIX, activation_lines, fill, load_template, render_args,
+                                slurm_parameters)
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import parse_sacct
 
@@ -121,7 +122,8 @@ def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel:
                                    "(sweeps do not run in containers yet; docs/containers.md)")])
     template = load_template(first.cfg.slurm.template)
     params = slurm_parameters(first.cfg, first.run_id, first.run_dir, first.config_path, template)
-    params["setup"] = array_setup(template.setup, jobs)
+    # The profile's activation lines after the template's exports, as in a single run's script (launcher).
+    params["setup"] = array_setup(template.setup, jobs) + activation_lines(first.cfg)
     # submitit quotes each srun option as one word, so a per-task shell variable cannot reach it: only {repo}.
     params["srun_args"] = render_args(template.srun_args, {"repo": str(code_root())})
     params["job_name"] = array_name(sweep, batch)

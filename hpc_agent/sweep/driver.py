@@ -24,6 +24,7 @@ sweep command continues after ``--resume``. Each submit and cancel writes an act
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,9 @@ def objective_value(points: Sequence[Point]) -> Optional[float]:
 
 
 def _say_now(text: str) -> None:
-    print(text, flush=True)  # a log that is tailed, or read after a kill -9, must not sit in a buffer
+    # progress, so -q silences it; cli_common's handler flushes each line (a log that is tailed, or read
+    # after a kill -9, must not sit in a buffer)
+    logging.getLogger(__name__).info(text)
 
 
 def new_reports(points: Sequence[Point], reported: set) -> List[Point]:
@@ -213,8 +216,7 @@ class SweepDriver:
             if outcome is None:
                 if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING") and not f.warned:
                     f.warned = True
-                    self.say(f"trial {number}: job {sub.job_id} ended {state}; waiting for the watcher's decision "
-                             "(is python -m hpc_agent.watch running on this runs root?)")
+                    self.say(f"trial {number}: job {sub.job_id} ended {state}; waiting for the watcher's decision")
                 continue
             self._tell(f, outcome)
 
@@ -298,12 +300,15 @@ class SweepDriver:
     def finished(self) -> bool:
         return not self.followed and not self.unsubmitted and len(self.study.get_trials(deepcopy=False)) >= self.spec.trials
 
-    def run(self, poll_s: float = 2.0, stop: Callable[[], bool] = lambda: False) -> None:
-        """Adopt, then poll and fill until the budget is spent; raises ``killswitch.Paused`` on the kill switch."""
+    def run(self, poll_s: float = 2.0, stop: Callable[[], bool] = lambda: False,
+            on_poll: Callable[[], None] = lambda: None) -> None:
+        """Adopt, then poll and fill until the budget is spent; raises ``killswitch.Paused`` on the kill switch.
+        ``on_poll`` runs first on each turn: the embedded watcher's tick and the progress (``sweep/live.py``)."""
         self.halt_if_paused("adopting the study's running trials")
         self.adopt()
         while not stop():
             self.halt_if_paused("the next poll")
+            on_poll()
             self.poll()
             self.fill()
             if self.finished():

@@ -1,0 +1,139 @@
+"""python -m hpc_agent.status [--runs-root DIR] [--json] [--remote USER@LOGIN]
+
+One line per run: run id, phase, newest job id, its Slurm state, step N/M, the last decision (or cause) and
+how long ago the last step was. The short answer to "what are my runs doing?"; ``review`` has the details.
+
+Reads what review reads (:func:`hpc_agent.runreview.review_run`: the ledger, events.jsonl, TensorBoard,
+heartbeats) plus one batched ``sacct`` call for every run's newest job (never one call per run). With
+``--remote`` it runs on the login node over ssh (docs/remote.md). Login-node code: no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hpc_agent import exit_status, remote
+from hpc_agent.cli_common import add_common_arguments, parse
+from hpc_agent.config.load import RUNS_ENV
+from hpc_agent.review_live import duration
+
+COLUMNS = (("run", "run_id"), ("phase", "phase"), ("job", "job_id"), ("slurm", "slurm_state"), ("step", "step"),
+           ("last decision", "last"), ("last step", "age"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hpc_agent.status", description=__doc__.split("\n\n")[1],
+                                     epilog=exit_status.epilog(exit_status.OK, exit_status.USAGE))
+    parser.add_argument("--runs-root", default=None, help=f"runs root (default: ${RUNS_ENV} or ./runs)")
+    parser.add_argument("--json", action="store_true", help='print {"runs": [...]} instead of the lines')
+    remote.add_arguments(parser)
+    return add_common_arguments(parser, slurm=True)
+
+
+def slurm_states(job_ids: Sequence[str], cli=None) -> Dict[str, str]:
+    """``{job id: state}`` from one ``sacct -D`` call; {} without Slurm (a laptop, a local executor)."""
+    from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+    from hpc_agent.slurm.sacct import job_state, parse_parsable2
+
+    ids = sorted({j for j in job_ids if j})
+    if not ids or (cli is None and not SlurmCLI.available()):
+        return {}
+    cli = cli or SlurmCLI(timeout_s=20)
+    try:
+        rows = parse_parsable2(cli.sacct(ids, fields=("JobID", "State")))
+    except SlurmError as exc:  # accounting down: the lines still say what the run directories say
+        print(f"status: sacct failed ({exc}); Slurm states unknown", file=sys.stderr)
+        return {}
+    return {j: state for j in ids if (state := job_state(rows, j))}
+
+
+def _last_job_ids(runs_root: Path) -> Dict[str, str]:
+    from hpc_agent.ledger import LEDGER_FILE, Ledger
+
+    if not (runs_root / LEDGER_FILE).exists():
+        return {}
+    ledger = Ledger.in_runs_root(runs_root)
+    try:
+        return {run.run_id: sub.job_id for run in ledger.runs()
+                if (sub := ledger.latest_submission(run.run_id)) is not None and sub.job_id}
+    finally:
+        ledger.close()
+
+
+def _last_step_at(review: Dict[str, Any]) -> Optional[float]:
+    live = review.get("live") or {}
+    if live.get("last_step_at") is not None:
+        return live["last_step_at"]
+    walls = [point[1] for curve in review.get("_curves", {}).values() for point in curve]
+    return max(walls) if walls else None
+
+
+def line_of(review: Dict[str, Any], job_id: Optional[str], state: Optional[str], now: float) -> Dict[str, Any]:
+    """One run's line as data (what --json prints). Pure."""
+    decisions = review.get("decisions") or []
+    if decisions:
+        d = decisions[-1]
+        last = f"{d.get('cause')} -> {d.get('action')}" + (" (in job)" if d.get("in_job") else "")
+    else:
+        last = review["causes"][-1] if review.get("causes") else "-"
+    at = _last_step_at(review)
+    step = review.get("step")
+    return {"run_id": review["run_id"], "phase": review["phase"], "job_id": job_id, "slurm_state": state,
+            "step": step, "max_steps": review.get("max_steps"), "last": last,
+            "last_step_at": at, "last_step_age_s": round(now - at, 3) if at is not None else None}
+
+
+def collect(path: Path, now: Optional[float] = None, cli=None) -> List[Dict[str, Any]]:
+    from hpc_agent.runreview import find_runs, review_run
+
+    now = time.time() if now is None else now
+    runs_root, run_dirs = find_runs(path)
+    reviews = [review_run(d, runs_root, now) for d in run_dirs]
+    job_ids = _last_job_ids(runs_root)
+    for r in reviews:  # no ledger row (a run dir given alone): the newest job the decisions name
+        job_ids.setdefault(r["run_id"], next((d["job_id"] for d in reversed(r["decisions"]) if d.get("job_id")), None))
+    states = slurm_states([j for j in job_ids.values() if j], cli)
+    return [line_of(r, job_ids.get(r["run_id"]), states.get(job_ids.get(r["run_id"]) or ""), now) for r in reviews]
+
+
+def _cells(line: Dict[str, Any]) -> List[str]:
+    step = f"{line['step'] if line['step'] is not None else '-'}/{line['max_steps'] or '?'}"
+    age = f"{duration(line['last_step_age_s'])} ago" if line["last_step_age_s"] is not None else "-"
+    values = {**line, "step": step, "age": age}
+    # run ids and causes come from files a job can write: nothing unprintable reaches the terminal
+    return ["".join(c if c.isprintable() else "?" for c in str(values[key] or "-")) for _, key in COLUMNS]
+
+
+def render(lines: Sequence[Dict[str, Any]]) -> str:
+    rows = [[title for title, _ in COLUMNS]] + [_cells(line) for line in lines]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args, code = parse(build_parser(), argv)
+    if args is None:
+        return code
+    if args.remote:
+        return remote.forward("status", remote.local_argv(argv), args)
+    root = Path(args.runs_root or os.environ.get(RUNS_ENV) or "./runs").expanduser()
+    if not root.is_dir():
+        print(f"status: no runs root at {root} (pass --runs-root, or submit a run first)", file=sys.stderr)
+        return exit_status.USAGE
+    lines = collect(root)
+    if args.json:
+        print(json.dumps({"runs_root": str(root.resolve()), "runs": lines}, indent=2, default=str))
+    elif lines:
+        print(render(lines))
+    else:
+        print(f"no runs under {root}")
+    return exit_status.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
