@@ -96,6 +96,13 @@ class WatcherProcess:
     def output(self) -> str:
         return self.log.read_text()
 
+    def wait_until_following(self, timeout_s: float = 60.0) -> None:
+        """Until it holds the runs root's lease (it logs "[watch] following" right after taking it): a sweep or
+        submit --wait started after this observes it instead of running its own embedded watcher."""
+        wait_for(lambda: "[watch] following" in self.output() or self.proc.poll() is not None, timeout_s,
+                 what="the watcher to take the lease")
+        assert self.proc.poll() is None, self.output()
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.terminate()

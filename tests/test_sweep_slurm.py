@@ -60,6 +60,7 @@ def test_sweep_prunes_and_the_best_beats_the_median_startup_trial(root, tmp_path
     path = sweep_file(tmp_path, "ci")
     root.mkdir(parents=True)
     watcher = WatcherProcess(root)
+    watcher.wait_until_following()  # the sweep then uses it, not an embedded watcher of its own
     try:
         proc = subprocess.run(sweep_cmd(path, root, "--trials", "8", "--parallel", "2"), capture_output=True,
                               text=True, timeout=240, cwd=str(REPO))
@@ -151,6 +152,7 @@ def test_preempted_trial_is_resumed_by_the_watcher_and_reaches_the_study(root, t
                                                                                 "high": 1e-2}})
     root.mkdir(parents=True)
     watcher = WatcherProcess(root)
+    watcher.wait_until_following()  # its output must show the expedite below: the sweep only observes it
     driver = subprocess.Popen(sweep_cmd(path, root, "--trials", "2", "--parallel", "2", "train.max_steps=10000",
                                         "train.ckpt_every=500", "train.eval_every=1000", "train.log_every=100"),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO))
