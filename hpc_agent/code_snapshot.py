@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hpc_agent import rundir
 from hpc_agent.config.problems import ConfigError, Problem
-from hpc_agent.config.user_code import BUILTIN_WORKLOADS
+from hpc_agent.config.user_code import is_reference
 
 MAX_FILES = 2000
 MAX_BYTES = 50 << 20
@@ -54,9 +54,6 @@ class Plan:
 
 
 # ---- pure rules ----------------------------------------------------------------------------------------
-def is_reference(workload: object) -> bool:
-    """True for ``pkg.mod:callable`` (the user's code), False for the built-in workloads."""
-    return str(workload) not in BUILTIN_WORKLOADS and ":" in str(workload)
 
 
 def wanted(cfg: Any) -> bool:

@@ -189,11 +189,13 @@ COMMAND_NOTE = ("train.command runs your own script, whose model the estimate ca
 def estimate_from_config(cfg: Any) -> Estimate:
     """:func:`estimate` for a :class:`hpc_agent.config.schema.Config` (gpt workload sizes)."""
     m, t = cfg.model, cfg.train
+    from hpc_agent.config.user_code import is_reference
+
     if getattr(t, "command", None):
         raise ValueError(COMMAND_NOTE)
     if getattr(t, "workload", "gpt") != "gpt":
         raise ValueError(f"train.workload={t.workload!r}: the estimate covers the gpt workload only"
-                         + (" (your own model is not imported on the login node)" if ":" in str(t.workload) else ""))
+                         + (" (your own model is not imported on the login node)" if is_reference(t.workload) else ""))
     params = gpt_param_count(m.n_layers, m.d_model, m.seq_len)
     return estimate(params, m.n_layers, m.d_model, m.seq_len, t.micro_batch_size, t.precision, t.zero_stage,
                     _ranks(cfg), offload=t.offload, activation_checkpointing=t.activation_checkpointing,

@@ -61,7 +61,9 @@ def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "", offload_
 
         return MemoryVerdict(SKIP, COMMAND_NOTE)
     if cfg.train.workload != "gpt":
-        if ":" in str(cfg.train.workload):  # never imported here (it may import torch): its size is unknown
+        from hpc_agent.config.user_code import is_reference
+
+        if is_reference(cfg.train.workload):  # never imported here (it may import torch): its size is unknown
             return MemoryVerdict(SKIP, f"no memory estimate for your own workload {cfg.train.workload} (the login "
                                        "node does not import your code); an OOM in the job is repaired by the "
                                        "OOM ladder")

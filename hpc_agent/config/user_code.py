@@ -25,6 +25,11 @@ COMMAND_MAX_ARGS = 256
 ARG_MAX_LEN = 4096
 
 
+def is_reference(workload: object) -> bool:
+    """True for ``pkg.mod:callable`` (the user's code), False for the built-in workloads."""
+    return str(workload) not in BUILTIN_WORKLOADS and ":" in str(workload)
+
+
 def workload_problem(value: object) -> Optional[str]:
     """None when ``train.workload`` names a built-in workload or a ``module:callable`` reference."""
     text = str(value)
