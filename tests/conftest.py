@@ -31,7 +31,14 @@ def _slurm_gate(request):
     if request.node.get_closest_marker("slurm") is None:
         return
     ready, why = slurm_ready()
+    if ready and request.node.get_closest_marker("keeps_jobs") is not None:
+        return
     if ready:
+        from tests.slurm_helpers import settle_cluster
+
+        leftovers = settle_cluster()
+        if leftovers:  # shown with the test's output: which earlier test leaks jobs
+            print(f"[conftest] cancelled jobs an earlier test left queued or running:\n{leftovers}", file=sys.stderr)
         return
     if os.environ.get("HPC_AGENT_REQUIRE_SLURM") == "1":
         pytest.fail(f"HPC_AGENT_REQUIRE_SLURM=1 but the localhost Slurm is not ready: {why}")

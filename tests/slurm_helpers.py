@@ -22,14 +22,42 @@ LONG_RUN = ["slurm.mem=2G", "train.workload=gpt", "model.n_layers=2", "model.d_m
             "train.precision=fp32", "train.zero_stage=1", "train.log_every=1"]
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.5, what: str = "condition"):
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.5, what: str = "condition",
+             explain: Optional[Callable[[], str]] = None):
+    """Poll ``predicate`` until it is truthy; on timeout, fail with ``explain()`` (the state that says why)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    detail = f"\n{explain()}" if explain is not None else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
+
+
+def queue_and_nodes() -> str:
+    """squeue and sinfo as text: what a timed-out wait on the cluster reports."""
+    queue = SLURM.run(["squeue", "--array", "--format", "%i|%P|%j|%T|%r|%N"], check=False).stdout
+    nodes = SLURM.run(["sinfo", "--Node", "--noheader", "--format", "%N|%P|%T|%E"], check=False).stdout
+    return f"squeue:\n{queue}sinfo:\n{nodes}"
+
+
+def settle_cluster(timeout_s: float = 90.0) -> str:
+    """Before a real-cluster test: cancel whatever an earlier test left in the queue and wait until every node
+    is idle again (a cancelled job holds its node COMPLETING for up to KillWait). Tests share two nodes, so a
+    leftover would otherwise delay the next test's jobs by minutes. Returns what it had to cancel."""
+    mine = SLURM.run(["squeue", "--noheader", "--user", str(os.getuid()), "--format", "%A|%j|%T"], check=False).stdout
+    leftovers = [line for line in mine.splitlines() if line.strip()]
+    if leftovers:
+        SLURM.run(["scancel", "--user", str(os.getuid())], check=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        queue = SLURM.run(["squeue", "--noheader", "--format", "%A"], check=False).stdout.split()
+        states = SLURM.run(["sinfo", "--Node", "--noheader", "--format", "%T"], check=False).stdout.split()
+        if not queue and states and all(s.rstrip("*~#") in ("idle", "down", "drained", "drain") for s in states):
+            break
+        time.sleep(0.5)
+    return "\n".join(leftovers)
 
 
 def submit(root: Path, *overrides: str, config: str = "quickstart") -> Tuple[Path, str]:

@@ -21,11 +21,13 @@ from hpc_agent.observe import json_verdict
 from hpc_agent.slurm.sacct import SACCT_FIELDS, WATCH_FIELDS, group_attempts, parse_sacct
 from hpc_agent.slurm.sacct_json import parse_sacct_json
 from tests.conftest import slurm_ready
+from tests.slurm_helpers import settle_cluster
 from tests.helpers.fake_slurm import FakeSlurm
 from tests.slurm_contract import TS, FakeCluster, RealCluster, check_row_formats, step
 
 DATA = Path(__file__).resolve().parent / "data" / "contract"
-BACKENDS = ["FakeSlurm", pytest.param("real", marks=pytest.mark.slurm)]
+# keeps_jobs: the job preempted at the start stays in the queue across this module's tests.
+BACKENDS = ["FakeSlurm", pytest.param("real", marks=[pytest.mark.slurm, pytest.mark.keeps_jobs])]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -35,6 +37,7 @@ def cluster(request, tmp_path_factory):
         if not slurm_ready()[0]:
             yield None  # the slurm gate skips (or, in CI, fails) each test
             return
+        settle_cluster()  # the gate does not, for keeps_jobs tests: start from a quiet cluster once
         backend = RealCluster(ctl)
     else:
         backend = FakeCluster(FakeSlurm(), ctl)

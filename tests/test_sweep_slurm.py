@@ -18,7 +18,8 @@ from hpc_agent.ledger import Ledger
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.sweep.driver import objective_value
 from tests.conftest import REPO, run_cli
-from tests.slurm_helpers import SLURM, WatcherProcess, attempts, log_text, preempt_all_nodes, wait_for
+from tests.slurm_helpers import (SLURM, WatcherProcess, attempts, log_text, preempt_all_nodes, queue_and_nodes,
+                                 wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -153,9 +154,16 @@ def test_preempted_trial_is_resumed_by_the_watcher_and_reaches_the_study(root, t
     root.mkdir(parents=True)
     watcher = WatcherProcess(root)
     watcher.wait_until_following()  # its output must show the expedite below: the sweep only observes it
-    driver = subprocess.Popen(sweep_cmd(path, root, "--trials", "2", "--parallel", "2", "train.max_steps=10000",
-                                        "train.ckpt_every=500", "train.eval_every=1000", "train.log_every=100"),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO))
+    driver_log = tmp_path / "driver.log"
+    with open(driver_log, "w") as sink:  # a file, not a pipe: readable while it runs, for the failure message
+        driver = subprocess.Popen(sweep_cmd(path, root, "--trials", "2", "--parallel", "2", "train.max_steps=10000",
+                                            "train.ckpt_every=500", "train.eval_every=1000", "train.log_every=100"),
+                                  stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=str(REPO))
+
+    def explain() -> str:
+        logs = "".join(f"--- {p}\n{p.read_text(errors='replace')[-1500:]}\n" for p in sorted(root.rglob("*_log.*")) if p.parent.name == "slurm")
+        return (f"{queue_and_nodes()}--- driver:\n{driver_log.read_text()[-3000:]}\n--- watcher:\n"
+                f"{watcher.output()[-2000:]}\n{logs}")
     try:
         def running_step():
             try:
@@ -164,11 +172,11 @@ def test_preempted_trial_is_resumed_by_the_watcher_and_reaches_the_study(root, t
                 return False
             dirs = [Path(t.user_attrs["run_dir"]) for t in trials if "job_id" in t.user_attrs]
             return dirs and all("step 1000 " in log_text(d) for d in dirs) and dirs
-        # 240 s, not the 82 s this takes alone: in the full suite a job the previous test cancelled can hold a
-        # node COMPLETING for Slurm's KillWait (30 s) while two cores also serve the rest of the suite.
-        wait_for(running_step, 240, what="both trials to pass step 1000")
+        # 240 s, not the 82 s this takes alone: two cores also serve the rest of the suite. A failure says why.
+        wait_for(running_step, 240, what="both trials to pass step 1000", explain=explain)
         preempt_all_nodes(seconds=2)
-        output = driver.communicate(timeout=240)[0]
+        driver.wait(timeout=240)
+        output = driver_log.read_text()
     finally:
         if driver.poll() is None:
             driver.kill()
