@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Sequence
 
 from hpc_agent import exit_status
 from hpc_agent.cli_common import add_common_arguments, configure
-from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+from hpc_agent.slurm.cli import SlurmCLI, SlurmError, sbatch_test_argv
 from hpc_agent.slurm.sinfo import (PARTITION_FORMAT, Partition, gpus_in_gres, gres_of,  # noqa: F401
                                   partitions_argv, select)
 from hpc_agent.slurm.sinfo import parse_partitions as parse_sinfo  # noqa: F401 (doctor's old name)
@@ -49,24 +49,6 @@ def partition_table(parts: Sequence[Partition]) -> List[str]:
         rows.append((p.name + (" (default)" if p.default else ""), str(p.nodes), p.cpus, mem, gpus, p.avail))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["      " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-
-
-def sbatch_test_argv(slurm: Any, profile: Any = None) -> List[str]:
-    """``sbatch --test-only`` with the job's real resources (submits nothing), GPUs asked for in the
-    profile's style: the same option the job script carries (hpc_agent.config.profile.gpu_request)."""
-    from hpc_agent.config.profile import Profile, gpu_request
-
-    argv = ["sbatch", "--test-only", "--job-name", "hpc-agent-doctor", "--nodes", str(slurm.nodes),
-            "--ntasks-per-node", str(slurm.tasks_per_node), "--cpus-per-task", str(slurm.cpus_per_task),
-            "--time", str(slurm.time)]
-    for option, value in (("--partition", slurm.partition), ("--account", slurm.account), ("--qos", slurm.qos),
-                          ("--mem", slurm.mem), ("--constraint", slurm.constraint), ("--exclude", slurm.exclude)):
-        if value:
-            argv += [option, str(value)]
-    if slurm.gpus_per_node:
-        option, value = gpu_request(profile or Profile(), slurm.gpus_per_node)
-        argv += [f"--{option}", value]
-    return argv + ["--wrap", "true"]
 
 
 def summarize(checks: Sequence[Check]) -> tuple[int, str]:

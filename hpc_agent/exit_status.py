@@ -30,8 +30,9 @@ TABLE: Dict[int, Tuple[str, str]] = {
                    "lock); nothing was done: try later, or watch --wait-for-lease"),
     PAUSED: ("PAUSED", "the kill switch is on (watch --pause): stopped with its state kept; after "
                        "watch --resume run the same command again"),
-    WONT_FIT: ("WONT_FIT", "submit: the memory estimate exceeds the GPU's memory; nothing was submitted "
-                           "(the message names the cheapest change that fits; --force submits anyway)"),
+    WONT_FIT: ("WONT_FIT", "submit: the memory estimate exceeds the GPU's memory, or --place auto found no "
+                           "partition that can run the job; nothing was submitted (the message names the cheapest "
+                           "change that fits; --force submits anyway)"),
     REMOTE: ("REMOTE", "--remote: ssh could not connect or the connection broke (ssh's own code 255); whether "
                        "the command ran on the login node is unknown: check with status --remote"),
 }

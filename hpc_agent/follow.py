@@ -33,20 +33,24 @@ from hpc_agent.slurm.sacct import Attempt
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING"})
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 _ACTIONS = {REQUEUE: Action.REQUEUE, RESUBMIT: Action.RESUBMIT, STOP: Action.STOP}
+PLACEMENT_CAUSES = (Cause.GPU_OOM, Cause.NODE_FAIL, Cause.GPU_HW_ERROR)
+"""Causes whose resubmission may move the run to another partition (``placement.mode`` auto)."""
 
 
 # --- the one Situation builder (also used by diagnose) --------------------------------------------------
 def situation_from(diagnoses: Sequence[Diagnosis], made_progress: Optional[bool] = None,
-                   checkpoint_steps: Sequence[int] = ()) -> Situation:
+                   checkpoint_steps: Sequence[int] = (), placement: Any = None,
+                   remaining_steps: Optional[int] = None) -> Situation:
     """The policy's facts about the newest attempt. A pending attempt after a Slurm requeue carries the
     cause of the attempt before it (so the policy can expedite it); the GPU's capacity comes from the
-    out-of-memory message when it states it."""
+    out-of-memory message when it states it; ``placement``: the partitions' facts, when gathered."""
     latest = diagnoses[-1]
     previous = diagnoses[-2].cause.value if len(diagnoses) > 1 and latest.cause == Cause.PENDING else None
     return Situation(job_id=latest.job_id, made_progress=made_progress, checkpoint_steps=tuple(checkpoint_steps),
                      nodes=latest.nodes, bad_nodes=latest.bad_nodes, divergence_step=latest.divergence_step,
                      gpu_capacity_bytes=gpu_capacity_bytes([*latest.evidence, latest.root.line if latest.root else ""]),
-                     requeued_after=previous)
+                     requeued_after=previous, placement=tuple(placement) if placement else None,
+                     remaining_steps=remaining_steps)
 
 
 def history_from(rows: Sequence[Any]) -> Tuple[PastAttempt, ...]:
@@ -198,7 +202,10 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
     cfg, steps = files.config, files.checkpoint_steps
     last = state.last_ckpt_step
     progress = None if not steps else (steps[-1] > last if last is not None else True)
-    decision = decide(latest.cause, state.history, cfg, situation_from(diagnoses, progress, steps), limits)
+    facts = None if obs.placement == NOT_ASKED else obs.placement
+    decision = decide(latest.cause, state.history, cfg,
+                      situation_from(diagnoses, progress, steps, facts, cfg.train.max_steps - (steps[-1] if steps else 0)),
+                      limits)
     if decision.action != DONE and steps and steps[-1] >= cfg.train.max_steps:
         # The final checkpoint is complete, so the training is done whatever happened after it (a rank
         # crashing in interpreter teardown, a late signal): never requeue finished work.
@@ -220,9 +227,14 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
         return Outcome(state.phase, wait_note=latest.attempt_index,
                        lines=(f"job {state.job_id} ended ({latest.cause.value}) but is still in Slurm's queue "
                               f"({obs.queue or 'squeue did not answer'}): waiting for its requeued attempt",))
+    if decision.action == RESUBMIT and obs.placement == NOT_ASKED and latest.cause in PLACEMENT_CAUSES \
+            and cfg.placement.mode == "auto":
+        return Outcome(state.phase, ask_placement={k: v for k, v in decision.patch.items() if k.startswith("slurm.")})
     phase, _ = transition(state.phase, Event(EventKind.ENDED, state.job_id, _ACTIONS[decision.action]))
     lines = [f"job {state.job_id} attempt {latest.attempt_index + 1}: {latest.cause.value} -> "
              f"{decision.action}: {decision.reason}"] + [f"    evidence: {line}" for line in latest.evidence[:4]]
+    if decision.placement:
+        lines += [f"    {line}" for line in decision.placement.get("table", ())]
     if decision.action == REQUEUE:
         # Slurm only requeues preempted/node-failed jobs itself; anything else needs an explicit requeue.
         effects: Tuple[Effect, ...] = (Requeue(state.job_id), Expedite(state.job_id))

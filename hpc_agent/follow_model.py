@@ -148,6 +148,9 @@ class Observation:
     files: Optional[RunFiles] = None
     live: Optional[Live] = None
     """For a running attempt: its heartbeats' verdict (None when the run's settings or beats were not read)."""
+    placement: Any = "?"
+    """The partitions' facts for a decision that may move the run (``placement.mode`` auto): a tuple of
+    ``placement_facts.PartitionFacts``, ``()`` when they could not be gathered, NOT_ASKED until asked."""
 
 
 NOT_ASKED = "?"
@@ -174,6 +177,9 @@ class Outcome:
     lines: Tuple[str, ...] = ()
     ask_queue: bool = False
     """Call again with squeue's word: the decision acts only on a job Slurm no longer queues."""
+    ask_placement: Optional[Dict[str, Any]] = None
+    """Call again with the partitions' facts, gathered for the run's config with this ``slurm.*`` patch applied
+    (e.g. the failed node excluded): the decision may move the run (``placement.mode`` auto)."""
     wait_note: Optional[int] = None
     """An attempt index deferred while Slurm still queues the job (said once per attempt by the watcher)."""
     suspect: Optional[Suspicion] = None

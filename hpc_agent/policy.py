@@ -31,6 +31,7 @@ from hpc_agent.diagnosis.causes import Cause
 # THE OOM ladder lives in hpc_agent.memory; re-exported here for the policy's callers.
 from hpc_agent.memory import GPU_HEADROOM, gpu_oom_fit, gpu_oom_rung  # noqa: F401
 from hpc_agent.memory import train_after as _train_after  # noqa: F401
+from hpc_agent.policy_placement import weigh_partitions
 from hpc_agent.slurm.hostlist import expand_hostlist
 
 WAIT, DONE, REQUEUE, RESUBMIT, STOP = "wait", "done", "requeue", "resubmit", "stop"
@@ -79,6 +80,11 @@ class Situation:
     hang: Optional[Tuple[Optional[int], str]] = None
     """For a hung attempt: (step, stack signature); ``top_frame`` names the majority's innermost frame."""
     top_frame: str = ""
+    placement: Optional[Tuple[Any, ...]] = None
+    """With ``placement.mode`` auto: the partitions' facts (``placement_facts.PartitionFacts``), gathered by the
+    watcher for a decision that could move the run (a GPU OOM, a node or GPU fault); None: not gathered."""
+    remaining_steps: Optional[int] = None
+    """Steps left after the newest complete checkpoint (for the placement's time estimate)."""
 
 
 @dataclass(frozen=True)
@@ -110,12 +116,17 @@ class Decision:
     (informational: launch/ converts by itself when it must, see docs/exit_codes.md)."""
     free: bool = False
     """Does not count against the overall retry budget."""
+    placement: Optional[Dict[str, Any]] = None
+    """The candidate table and the reason, when partitions were weighed (``placement.Choice.to_dict``)."""
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"action": self.action, "cause": self.cause, "reason": self.reason, "patch": dict(self.patch),
-                "expedite": self.expedite, "rollback_to_step": self.rollback_to_step,
-                "rollback_before_step": self.rollback_before_step,
-                "needs_universal_checkpoint": self.needs_universal_checkpoint, "free": self.free}
+        out = {"action": self.action, "cause": self.cause, "reason": self.reason, "patch": dict(self.patch),
+               "expedite": self.expedite, "rollback_to_step": self.rollback_to_step,
+               "rollback_before_step": self.rollback_before_step,
+               "needs_universal_checkpoint": self.needs_universal_checkpoint, "free": self.free}
+        if self.placement is not None:
+            out["placement"] = self.placement
+        return out
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -204,8 +215,9 @@ def _rule(cause: Cause, history: Sequence[PastAttempt], cfg: Config, situation: 
         if not nodes:
             return Decision(REQUEUE, c, f"{c} on an unnamed node: requeue (Slurm drains failed nodes)", expedite=True)
         exclude = merge_exclude(cfg.slurm.exclude, nodes)
-        return Decision(RESUBMIT, c, f"{c} on {','.join(nodes)}: resubmit excluding it (slurm.exclude={exclude})",
-                        {"slurm.exclude": exclude})
+        return weigh_partitions(
+            Decision(RESUBMIT, c, f"{c} on {','.join(nodes)}: resubmit excluding it (slurm.exclude={exclude})",
+                     {"slurm.exclude": exclude}), cfg, situation, limits, oom=False)
     if cause == Cause.NCCL_ERROR:
         if Cause.NCCL_ERROR not in past:
             return Decision(REQUEUE, c, "first collective failure: resume once (often transient)", expedite=True)
@@ -224,9 +236,10 @@ def _rule(cause: Cause, history: Sequence[PastAttempt], cfg: Config, situation: 
                                      f"ZeRO-{cfg.train.zero_stage} and offload={cfg.train.offload}: nothing left to "
                                      "trade; shrink the model (model.*) or use more or larger GPUs")
         patch, what = rung
-        return Decision(RESUBMIT, c, f"GPU out of memory: {what}", patch,
-                        needs_universal_checkpoint="train.zero_stage" in patch
-                        and patch["train.zero_stage"] != cfg.train.zero_stage)
+        ladder = Decision(RESUBMIT, c, f"GPU out of memory: {what}", patch,
+                          needs_universal_checkpoint="train.zero_stage" in patch
+                          and patch["train.zero_stage"] != cfg.train.zero_stage)
+        return weigh_partitions(ladder, cfg, situation, limits, oom=True)
     if cause == Cause.HOST_OOM:
         fix = _host_oom_fix(cfg, limits, offload_allowed=Cause.GPU_OOM not in past)
         if fix is None:

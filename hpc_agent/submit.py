@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import code_snapshot, exit_status, paths, remote, rundir
+from hpc_agent import code_snapshot, exit_status, paths, place_submit, remote, rundir
 from hpc_agent.cli_common import add_common_arguments, configure, passthrough
 from hpc_agent.config.load import load_config, resolve_config_path, to_yaml
 from hpc_agent.config.problems import ConfigError
@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="wait for the run to end (repaired on the way by the runs root's watcher, or by one in "
                              "this process when none runs), showing its progress; print its final state")
     parser.add_argument("--wait-timeout", type=float, default=3600, help="seconds to wait with --wait (default 3600)")
+    parser.add_argument("--place", choices=("auto", "off"),
+                        help="auto: choose the partition with the earliest expected finish (memory estimate, GPU type, "
+                             "sbatch --test-only start, cost) and print the candidates; a named slurm.partition still "
+                             "wins (sets placement.mode; docs/placement.md)")
     parser.add_argument("--profile", metavar="NAME", help="a cluster profile under your config (default: "
                         "$HPC_AGENT_PROFILE); the run's snapshot records it (docs/profiles.md)")
     remote.add_arguments(parser)  # --remote USER@LOGIN: validate here, submit there (hpc_agent.remote_submit)
@@ -165,6 +169,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     kind, announcement = choose_executor(args.executor, SlurmCLI.available())
     if announcement:
         log.info(announcement)
+    if args.place and args.place != cfg.placement.mode:  # recorded: the watcher reads the run's config
+        cfg = place_submit.with_mode(cfg, args.place)
+    if cfg.placement.mode == "auto":
+        if kind != "slurm":
+            log.info("placement: skipped (the %s executor has no partitions)", kind)
+        else:
+            placed = place_submit.place(cfg, SlurmCLI())
+            for line in placed.lines:
+                log.info(line)
+            if placed.error:
+                print(f"{placed.error}\nNothing was submitted.", file=sys.stderr)
+                return EXIT_WONT_FIT
+            cfg = placed.cfg
     verdict = check_memory(cfg, kind)
     for line in render(verdict, args.force):  # a warning or refusal on stderr; an OK verdict is progress (-q)
         log.log(logging.WARNING if verdict.level in (WARN, REFUSE) else logging.INFO, line)

@@ -209,6 +209,21 @@ class Watcher:
             commit_or_skip(self.journal, run.run_id, current.value, Outcome(
                 phase, audit=({"job_id": job_id, "action": "needs_attention", "reason": reason},)))
 
+    def _placement_facts(self, run_id: str, cfg, patch) -> tuple:
+        """One sinfo and bounded ``sbatch --test-only`` calls for the run's config (``patch`` applied: e.g. the failed
+        node excluded). ``()`` on any failure: the facts only improve a decision, the repair in place stands."""
+        from hpc_agent.placement_facts import collect
+        from hpc_agent.policy import apply_patch
+
+        try:
+            cfg = apply_patch(cfg, patch) if patch else cfg
+            p = cfg.placement
+            return tuple(collect(self.slurm, cfg, only=p.partitions, timeout_s=p.test_only_timeout_s,
+                                 max_tests=p.max_candidates))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            self._say(run_id, f"placement: the partitions' facts were not gathered ({exc}); repairing in place")
+            return ()
+
     def _live(self, run: Run, state: RunState, attempt, with_stacks: bool) -> Optional[Live]:
         """The running attempt's heartbeats judged with the run's own ``resilience:`` settings (its config
         snapshot, read once per job id); None when the config cannot be read (the job's end will say why)."""
@@ -247,6 +262,9 @@ class Watcher:
         if outcome.ask_queue:
             queue = queue_state(self.slurm, state.job_id)
             outcome = follow(state, Observation(tuple(attempts), queue, files, live), self.limits)
+        if outcome.ask_placement is not None and files is not None:
+            facts = self._placement_facts(run.run_id, files.config, outcome.ask_placement)
+            outcome = follow(state, Observation(tuple(attempts), queue, files, live, facts), self.limits)
         if outcome.wait_note is not None and (state.job_id, outcome.wait_note) in self._said_wait:
             return  # say it once, not every tick
         if outcome.wait_note is not None:

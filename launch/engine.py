@@ -98,7 +98,7 @@ class Trainer:
 
     def _estimate_bytes(self) -> int:
         """The per-GPU memory estimate, only when a simulated GPU capacity (a fault) needs it."""
-        if not getattr(self.cfg.faults, "gpu_memory_gib", 0) or self.t.workload != "gpt":
+        if not self.faults.simulated_gib or self.t.workload != "gpt":
             return 0
         from hpc_agent.memory import estimate_from_config
 

@@ -9,6 +9,7 @@ apart from real ones. ``host_alloc_mb`` allocates on rank 0 only, so the number 
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, List, Set
 
@@ -23,6 +24,10 @@ class Faults:
         self.rank = rank
         # faults.first_attempt_only: a later attempt (requeue or resubmission) runs fault-free.
         self.armed = attempt == 0 or not getattr(faults_cfg, "first_attempt_only", True)
+        # The simulated GPU of the partition the job runs in (faults.gpu_memory_gib[_by_partition]).
+        simulated = getattr(faults_cfg, "simulated_gpu_gib", None)
+        self.simulated_gib = float(simulated(os.environ.get("SLURM_JOB_PARTITION")) if simulated else
+                                   getattr(faults_cfg, "gpu_memory_gib", 0) or 0)
 
     def _say(self, text: str) -> None:
         print(f"[hpc_agent] fault: {text} (rank {self.rank})", flush=True)
@@ -35,7 +40,7 @@ class Faults:
         limit = self.cfg.oom_above_micro_batch
         if self.armed and limit and self.micro_batch_size > limit:
             model.register_forward_pre_hook(self._oom)
-        capacity = float(getattr(self.cfg, "gpu_memory_gib", 0) or 0)
+        capacity = self.simulated_gib
         if capacity and estimate_bytes > capacity * 2**30:
             self._estimate_gib = estimate_bytes / 2**30
             model.register_forward_pre_hook(self._oom_capacity)
@@ -45,7 +50,7 @@ class Faults:
 
         if not torch.is_grad_enabled():
             return
-        capacity, need = float(self.cfg.gpu_memory_gib), self._estimate_gib
+        capacity, need = self.simulated_gib, self._estimate_gib
         self._say(f"out of memory in forward: estimated {need * 1024:.2f} MiB per GPU > "
                   f"faults.gpu_memory_gib={capacity:g}")
         # The wording follows the CUDA caching allocator's message, "total capacity" included: the

@@ -108,6 +108,11 @@ def plan(fault: Fault, cfg: Any, budget_left: int, budget: int, checkpoint_steps
     if budget_left <= 0:
         why = "in-job recovery is off" if budget <= 0 else f"in-job budget spent ({budget} of {budget})"
         return Plan(give_up, fault.cause, f"{why} (resilience.in_job_retries)", exit_code=code)
+    if fault.cause == Cause.GPU_OOM.value and getattr(getattr(cfg, "placement", None), "mode", "off") == "auto":
+        # Only the watcher sees the other partitions: it weighs a bigger GPU against the next rung here.
+        return Plan(EXIT, fault.cause, "not repaired in the job: placement.mode is auto, so the watcher weighs a "
+                                       "partition with bigger GPUs against the next rung of the OOM ladder",
+                    exit_code=code)
     decision = repair_rule(fault.cause, cfg, Situation(checkpoint_steps=tuple(checkpoint_steps),
                                                        divergence_step=fault.divergence_step,
                                                        gpu_capacity_bytes=fault.capacity_bytes))

@@ -5,16 +5,29 @@
 # one machine, without systemd:
 #
 #   munged -> mariadbd -> slurmdbd -> slurmctld -> N x slurmd (node1..nodeN)
+#                                                  + 1 slurmd per GPU partition
 #
-# The N slurmd processes are "fake" compute nodes: each is started with
+# The slurmd processes are "fake" compute nodes: each is started with
 # `slurmd -N nodeX`, listens on its own port and declares its own CPUs and
 # memory, so multi-node jobs, preemption, OOM, TIMEOUT and NODE_FAIL can be
-# exercised for real by the test-suite.
+# exercised for real by the test-suite. The CPU nodes node1..nodeN form the
+# partitions low/high/lowcancel. Each GPU partition (HPC_SLURM_GPU_PARTITIONS)
+# gets one more node (numbering goes on: nodeN+1, ...) that advertises typed
+# GPU gres backed by placeholder device files: scheduling, --test-only, gres
+# parsing and CUDA_VISIBLE_DEVICES are real, the training runs on the CPU.
 #
 # Usage: scripts/cluster.sh up|down [--purge]|status|env|kill-node N|start-node N
 # Run `scripts/cluster.sh --help` for details and environment knobs.
 
 set -euo pipefail
+# Close every inherited descriptor above stderr before anything starts a daemon: `flock LOCK cluster.sh up`
+# would otherwise hand the lock's descriptor to munged, mariadbd and slurmdbd, which keep it (and the lock)
+# for as long as they run.
+for _fd in /proc/$$/fd/*; do
+    _fd=${_fd##*/}
+    if ((_fd > 2)); then eval "exec ${_fd}>&-" 2>/dev/null || true; fi
+done
+unset _fd
 
 # --------------------------------------------------------------------------
 # Knobs (environment)
@@ -28,6 +41,9 @@ KILL_WAIT=${HPC_SLURM_KILL_WAIT:-30}          # s between SIGTERM and SIGKILL
 CLUSTER=${HPC_SLURM_CLUSTER:-localhpc}        # ClusterName (lower case!)
 NODE_PORT_BASE=${HPC_SLURM_NODE_PORT_BASE:-6830} # nodeX listens on BASE+X
 WAIT_TIMEOUT=${HPC_SLURM_WAIT_TIMEOUT:-60}    # s to wait for each daemon
+# GPU partitions, NAME:TYPE:COUNT,...: one node each after the CPU nodes, with
+# Gres=gpu:TYPE:COUNT. Empty string: no GPU partitions (note '-', not ':-').
+GPU_PARTITIONS=${HPC_SLURM_GPU_PARTITIONS-gpu_small:a10:2,gpu_big:h100:2}
 
 # --------------------------------------------------------------------------
 # Fixed locations. /etc/slurm is the path compiled into Debian's Slurm, so
@@ -36,11 +52,13 @@ WAIT_TIMEOUT=${HPC_SLURM_WAIT_TIMEOUT:-60}    # s to wait for each daemon
 ETC_DIR=/etc/slurm
 SLURM_CONF_FILE=$ETC_DIR/slurm.conf
 CGROUP_CONF_FILE=$ETC_DIR/cgroup.conf
+GRES_CONF_FILE=$ETC_DIR/gres.conf
 DBD_CONF_FILE=$ETC_DIR/slurmdbd.conf
 LOG_DIR=/var/log/slurm
 STATE_DIR=/var/lib/slurm/slurmctld           # StateSaveLocation (job state)
 SPOOL_ROOT=/var/lib/slurm/slurmd             # SlurmdSpoolDir=$SPOOL_ROOT/%n
 RUN_DIR=/run/slurm                           # pid files
+FAKE_GPU_ROOT=/var/lib/slurm/fake_gpus       # placeholder GPU device files, <node>/nvidiaK
 MYSQL_RUN=/run/mysqld
 MYSQL_SOCK=$MYSQL_RUN/mysqld.sock
 MYSQL_LOG=$LOG_DIR/mariadb.log
@@ -86,9 +104,11 @@ Brings a real single-host Slurm 22.05 test cluster up and down (needs root).
 
 Commands:
   up                 install packages if missing, start munged, mariadb,
-                     slurmdbd, slurmctld and $NODES slurmd "nodes"; wait until
-                     all nodes answer and accounting (sacct) works.
-                     Idempotent; restarts slurmctld/slurmd if slurm.conf changed.
+                     slurmdbd, slurmctld and $TOTAL_NODES slurmd "nodes" ($NODES CPU,
+                     ${#GPU_PART_NAMES[@]} GPU); wait until all nodes answer and
+                     accounting (sacct) works. Idempotent; restarts
+                     slurmctld/slurmd if slurm.conf, cgroup.conf or gres.conf
+                     changed.
   down [--purge]     stop all daemons (SIGTERM, then SIGKILL after a timeout)
                      and kill job processes left on the fake nodes.
                      --purge also deletes slurmctld job state, slurmd spool
@@ -114,8 +134,16 @@ Commands:
                      /tmp/hpc_slurm.lock.
   -h, --help         this text.
 
-Environment knobs (current value):
-  HPC_SLURM_NODES=$NODES            number of nodes (node1..nodeN)
+Environment knobs (current value; when HPC_SLURM_NODES or
+HPC_SLURM_GPU_PARTITIONS is unset, commands other than 'up' take it from the
+running $SLURM_CONF_FILE):
+  HPC_SLURM_NODES=$NODES            number of CPU nodes (node1..nodeN)
+  HPC_SLURM_GPU_PARTITIONS=$GPU_PARTITIONS
+                     GPU partitions as NAME:TYPE:COUNT[,...]; each gets one
+                     node (nodeN+1, nodeN+2, ...) with Gres=gpu:TYPE:COUNT,
+                     backed by placeholder device files (AutoDetect=off), so
+                     scheduling and gres are real while jobs run on the CPU.
+                     Default gpu_small:a10:2,gpu_big:h100:2; '' disables.
   HPC_SLURM_CPUS_PER_NODE=$CPUS_PER_NODE     CPUs declared per node
   HPC_SLURM_MEM_PER_NODE=$MEM_PER_NODE     RealMemory (MB) declared per node
   HPC_SLURM_GRACE_TIME=$GRACE_TIME       preemption GraceTime of partition 'low'
@@ -129,9 +157,13 @@ Partitions: low (default, PriorityTier=1, PreemptMode=REQUEUE, GraceTime)
             high (PriorityTier=10, PreemptMode=OFF)
             lowcancel (PriorityTier=1, PreemptMode=CANCEL, GraceTime: a
             preempted job is cancelled, never requeued; it must be
-            resubmitted from outside); all three span all nodes.
+            resubmitted from outside); all three span the CPU nodes
+            node1..node$NODES only.
+            One per HPC_SLURM_GPU_PARTITIONS entry (PriorityTier=1,
+            PreemptMode=REQUEUE, GraceTime, not default), on its GPU node.
 Configs: $ETC_DIR   Logs: $LOG_DIR (munge: $MUNGE_LOG)
 State: $STATE_DIR   Spool: $SPOOL_ROOT/<node>   Pids: $RUN_DIR
+Fake GPU device files: $FAKE_GPU_ROOT/<node>/nvidia<K>
 EOF
 }
 
@@ -202,10 +234,32 @@ wait_for() {
     done
 }
 
-node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "node$i"; done; }
+# GPU partitions from GPU_PARTITIONS ("NAME:TYPE:COUNT,..."), index k is on
+# node$((NODES + 1 + k)). Parsed without judging; check_knobs validates.
+GPU_PART_NAMES=() GPU_PART_TYPES=() GPU_PART_COUNTS=()
+parse_gpu_partitions() {
+    local entry name type count
+    GPU_PART_NAMES=() GPU_PART_TYPES=() GPU_PART_COUNTS=()
+    local IFS=,
+    for entry in $GPU_PARTITIONS; do
+        [[ -n $entry ]] || continue
+        IFS=: read -r name type count <<<"$entry"
+        GPU_PART_NAMES+=("$name") GPU_PART_TYPES+=("$type") GPU_PART_COUNTS+=("$count")
+    done
+    TOTAL_NODES=$((NODES + ${#GPU_PART_NAMES[@]}))
+}
+TOTAL_NODES=$NODES
+
+# CPU nodes (partitions low/high/lowcancel), GPU nodes, and all of them.
+cpu_node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "node$i"; done; }
+gpu_node_names() { local i; for ((i = NODES + 1; i <= TOTAL_NODES; i++)); do echo "node$i"; done; }
+node_names() { local i; for ((i = 1; i <= TOTAL_NODES; i++)); do echo "node$i"; done; }
+
+# The Slurm hostlist of the CPU nodes: node1 or node[1-N].
+cpu_nodelist() { if ((NODES == 1)); then echo node1; else echo "node[1-$NODES]"; fi; }
 
 valid_node() {
-    [[ $1 =~ ^node([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= NODES))
+    [[ $1 =~ ^node([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= TOTAL_NODES))
 }
 
 # --------------------------------------------------------------------------
@@ -224,6 +278,15 @@ check_knobs() {
     [[ $SLURMD_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "HPC_SLURM_SLURMD_TIMEOUT must be a positive integer"
     [[ $KILL_WAIT =~ ^[0-9]+$ ]] || die "HPC_SLURM_KILL_WAIT must be an integer"
     [[ $CLUSTER =~ ^[a-z][a-z0-9_]*$ ]] || die "HPC_SLURM_CLUSTER must be lower case (got '$CLUSTER')"
+    local k name seen=" low high lowcancel "
+    for ((k = 0; k < ${#GPU_PART_NAMES[@]}; k++)); do
+        name=${GPU_PART_NAMES[k]}
+        [[ $name =~ ^[a-z][a-z0-9_]*$ && ${GPU_PART_TYPES[k]} =~ ^[a-z0-9][a-z0-9_]*$ &&
+            ${GPU_PART_COUNTS[k]} =~ ^[1-9][0-9]?$ ]] ||
+            die "HPC_SLURM_GPU_PARTITIONS: '$name:${GPU_PART_TYPES[k]}:${GPU_PART_COUNTS[k]}' is not NAME:TYPE:COUNT (lower-case name and type, 1 <= COUNT <= 99; got '$GPU_PARTITIONS')"
+        [[ $seen != *" $name "* ]] || die "HPC_SLURM_GPU_PARTITIONS: partition '$name' is used twice or clashes with low/high/lowcancel"
+        seen+="$name "
+    done
 }
 
 install_packages() {
@@ -379,7 +442,7 @@ EOF
 }
 
 slurm_conf() {
-    local host i cg_lines
+    local host i k cg_lines
     host=$(hostname -s)
     if have_cgroup_v1; then
         cg_lines="# cgroup v1: proctrack/cgroup (freezer) reliably finds and kills every
@@ -475,18 +538,100 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 JobCompType=jobcomp/none
 JobAcctGatherFrequency=30
+EOF
+    if ((${#GPU_PART_NAMES[@]})); then
+        # Typed GPU gres. AccountingStorageTRES: 22.05 tracks only cpu, mem,
+        # energy, node, billing, fs/disk, vmem and pages by default, so
+        # without gres/gpu (and gres/gpu:TYPE for the per-type count) sacct's
+        # AllocTRES/ReqTRES would not show GPUs at all.
+        local tres=gres/gpu
+        for ((k = 0; k < ${#GPU_PART_NAMES[@]}; k++)); do
+            [[ ,$tres, == *",gres/gpu:${GPU_PART_TYPES[k]},"* ]] || tres+=",gres/gpu:${GPU_PART_TYPES[k]}"
+        done
+        cat <<EOF
 
-# Fake nodes: all on 127.0.0.1, each slurmd on its own port.
+# GPU partitions: typed gres backed by placeholder device files (gres.conf,
+# AutoDetect=off). The jobs still run on the CPU.
+GresTypes=gpu
+AccountingStorageTRES=$tres
+EOF
+    fi
+    # The "gpu partitions" line is read back by the commands other than 'up'
+    # (see main): the GPU partitions this file was written for.
+    cat <<EOF
+
+# cluster.sh gpu partitions: $GPU_PARTITIONS
+# Fake nodes: all on 127.0.0.1, each slurmd on its own port. CPU nodes first,
+# then one node per GPU partition (same CPUs and memory: training runs on the CPU).
 EOF
     for ((i = 1; i <= NODES; i++)); do
         echo "NodeName=node$i NodeAddr=127.0.0.1 NodeHostname=$host Port=$((NODE_PORT_BASE + i)) CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE State=UNKNOWN"
     done
+    for ((k = 0; k < ${#GPU_PART_NAMES[@]}; k++)); do
+        i=$((NODES + 1 + k))
+        echo "NodeName=node$i NodeAddr=127.0.0.1 NodeHostname=$host Port=$((NODE_PORT_BASE + i)) CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE Gres=gpu:${GPU_PART_TYPES[k]}:${GPU_PART_COUNTS[k]} State=UNKNOWN"
+    done
+    # low/high/lowcancel hold the CPU nodes only (not Nodes=ALL): tests take
+    # "every node of high" with --nodes $NODES and must not land on a GPU node.
     cat <<EOF
 
-PartitionName=low Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_TIME MaxTime=INFINITE State=UP
-PartitionName=high Nodes=ALL Default=NO PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
-PartitionName=lowcancel Nodes=ALL Default=NO PriorityTier=1 PreemptMode=CANCEL GraceTime=$GRACE_TIME MaxTime=INFINITE State=UP
+PartitionName=low Nodes=$(cpu_nodelist) Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_TIME MaxTime=INFINITE State=UP
+PartitionName=high Nodes=$(cpu_nodelist) Default=NO PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+PartitionName=lowcancel Nodes=$(cpu_nodelist) Default=NO PriorityTier=1 PreemptMode=CANCEL GraceTime=$GRACE_TIME MaxTime=INFINITE State=UP
 EOF
+    for ((k = 0; k < ${#GPU_PART_NAMES[@]}; k++)); do
+        echo "PartitionName=${GPU_PART_NAMES[k]} Nodes=node$((NODES + 1 + k)) Default=NO PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_TIME MaxTime=INFINITE State=UP"
+    done
+}
+
+# gres.conf: each GPU node's GPUs are placeholder files under
+# $FAKE_GPU_ROOT/<node>/ (a directory per node: several slurmd share this
+# host). AutoDetect=off: no NVML probing, the File= lines are the truth.
+# slurmd -N nodeX reads only the lines with NodeName=nodeX.
+gres_conf() {
+    local k i last
+    echo "# Generated by scripts/cluster.sh -- edits will be overwritten."
+    echo "AutoDetect=off"
+    for ((k = 0; k < ${#GPU_PART_NAMES[@]}; k++)); do
+        i=$((NODES + 1 + k)) last=$((GPU_PART_COUNTS[k] - 1))
+        if ((last == 0)); then
+            echo "NodeName=node$i Name=gpu Type=${GPU_PART_TYPES[k]} File=$FAKE_GPU_ROOT/node$i/nvidia0"
+        else
+            echo "NodeName=node$i Name=gpu Type=${GPU_PART_TYPES[k]} File=$FAKE_GPU_ROOT/node$i/nvidia[0-$last]"
+        fi
+    done
+}
+
+# gpu_count_of NODE: GPUs of a GPU node (nothing for a CPU node).
+gpu_count_of() {
+    local k=$((${1#node} - NODES - 1))
+    if ((k >= 0 && k < ${#GPU_PART_NAMES[@]})); then echo "${GPU_PART_COUNTS[k]}"; fi
+}
+
+# make_fake_gpus NODE: the placeholder device files of a GPU node.
+# slurmd (22.05) stat()s every File= at start: a missing file is fatal, a
+# regular file works but logs "... is not a valid character or block device,
+# fix your gres.conf" for each. So they are character devices with NVIDIA's
+# major 195 (minor K for nvidiaK, as on a real node). No nvidia driver is
+# loaded here, so opening one fails (ENXIO) and nothing real is reachable;
+# /dev/null's 1:3 would also pass, but with ConstrainDevices=yes Slurm would
+# then deny /dev/null itself to every job not holding that GPU. Where mknod is
+# not permitted (e.g. a nodev mount) we fall back to regular files.
+make_fake_gpus() {
+    local n=$1 count j dir f
+    count=$(gpu_count_of "$n")
+    [[ -n $count ]] || return 0
+    dir=$FAKE_GPU_ROOT/$n
+    install -d -m 0755 "$dir"
+    for ((j = 0; j < count; j++)); do
+        f=$dir/nvidia$j
+        [[ -c $f ]] && continue
+        rm -f "$f"
+        if ! mknod -m 0666 "$f" c 195 "$j" 2>/dev/null; then
+            : >"$f"
+            warn "mknod $f failed: a regular file stands in (slurmd logs an error for it, gres still works)"
+        fi
+    done
 }
 
 cgroup_conf() {
@@ -561,6 +706,7 @@ start_slurmd() {
         return 0
     fi
     install -d -m 0755 "$SPOOL_ROOT/$n"
+    make_fake_gpus "$n"
     rm -f "$RUN_DIR/slurmd-$n.pid"
     slurmd -N "$n" >>"$log" 2>&1 9>&- ||
         die_log "slurmd $n failed to start" "$log"
@@ -685,13 +831,14 @@ cmd_up() {
     # add/remove nodes in 22.05.
     write_if_changed "$SLURM_CONF_FILE" 644 "$(slurm_conf)" && restart_slurm=1
     write_if_changed "$CGROUP_CONF_FILE" 644 "$(cgroup_conf)" && restart_slurm=1
+    write_if_changed "$GRES_CONF_FILE" 644 "$(gres_conf)" && restart_slurm=1
 
     start_munge
     start_mariadb
     start_slurmdbd
 
     if ((restart_slurm)) && is_running slurmctld; then
-        say "slurm.conf/cgroup.conf changed, restarting slurmctld and slurmd"
+        say "slurm.conf/cgroup.conf/gres.conf changed, restarting slurmctld and slurmd"
         stop_slurmds
         stop_daemon slurmctld 20 slurmctld
     fi
@@ -703,7 +850,11 @@ cmd_up() {
     wait_nodes $(node_names)
     reap_ghost_jobs
     wait_for "sacct to answer" "$WAIT_TIMEOUT" "$LOG_DIR/slurmdbd.log" sacct -n -X -S now-1minutes
-    say "cluster up in $((SECONDS - t0))s: nodes $(node_names | paste -sd, -), partitions low (default, preemptable) / high / lowcancel (preemption cancels)"
+    local gpu= k
+    for ((k = 0; k < ${#GPU_PART_NAMES[@]}; k++)); do
+        gpu+=" / ${GPU_PART_NAMES[k]} (node$((NODES + 1 + k)), gpu:${GPU_PART_TYPES[k]}:${GPU_PART_COUNTS[k]})"
+    done
+    say "cluster up in $((SECONDS - t0))s: nodes $(node_names | paste -sd, -), partitions low (default, preemptable) / high / lowcancel (preemption cancels) on $(cpu_nodelist)$gpu"
 }
 
 stop_slurmds() {
@@ -767,8 +918,8 @@ cmd_down() {
     stop_daemon munged 15 munged
     rm -f "$RUN_DIR"/*.pid "$MYSQL_RUN/mysqld.pid"
     if ((purge)); then
-        rm -rf "${STATE_DIR:?}"/* "${SPOOL_ROOT:?}"/node*
-        say "purged $STATE_DIR and $SPOOL_ROOT/node*"
+        rm -rf "${STATE_DIR:?}"/* "${SPOOL_ROOT:?}"/node* "${FAKE_GPU_ROOT:?}"
+        say "purged $STATE_DIR, $SPOOL_ROOT/node* and $FAKE_GPU_ROOT"
     fi
     say "cluster down"
 }
@@ -814,9 +965,11 @@ cmd_env() {
     cat <<EOF
 export SLURM_CONF=$SLURM_CONF_FILE
 export HPC_SLURM_NODES=$NODES
-export HPC_SLURM_NODELIST=$(node_names | paste -sd, -)
+export HPC_SLURM_NODELIST=$(cpu_node_names | paste -sd, -)
 export HPC_SLURM_PARTITION_LOW=low
 export HPC_SLURM_PARTITION_HIGH=high
+export HPC_SLURM_GPU_PARTITIONS=$GPU_PARTITIONS
+export HPC_SLURM_GPU_NODELIST=$(gpu_node_names | paste -sd, -)
 EOF
 }
 
@@ -881,12 +1034,21 @@ main() {
     CMD=$cmd
     shift || true
     # Commands other than 'up' follow the running configuration, so
-    # status/kill-node/down work without repeating HPC_SLURM_NODES.
-    if [[ $cmd != up && -z ${HPC_SLURM_NODES:-} && -f $SLURM_CONF_FILE ]]; then
-        local count
-        count=$(grep -c '^NodeName=node' "$SLURM_CONF_FILE" || true)
-        if ((count > 0)); then NODES=$count; fi
+    # status/kill-node/down work without repeating HPC_SLURM_NODES or
+    # HPC_SLURM_GPU_PARTITIONS. CPU nodes are the NodeName lines without
+    # Gres=; a slurm.conf written before GPU partitions existed has no
+    # "# cluster.sh gpu partitions:" line, i.e. none.
+    if [[ $cmd != up && -f $SLURM_CONF_FILE ]]; then
+        if [[ -z ${HPC_SLURM_NODES:-} ]]; then
+            local count
+            count=$(grep '^NodeName=node' "$SLURM_CONF_FILE" | grep -vc ' Gres=' || true)
+            if ((count > 0)); then NODES=$count; fi
+        fi
+        if [[ -z ${HPC_SLURM_GPU_PARTITIONS+set} ]]; then
+            GPU_PARTITIONS=$(sed -n 's/^# cluster\.sh gpu partitions: *//p' "$SLURM_CONF_FILE" | head -n1)
+        fi
     fi
+    parse_gpu_partitions
     # Serialise commands that start/stop daemons: two concurrent 'up's (e.g.
     # parallel test workers) would otherwise both start a slurmctld.
     case $cmd in

@@ -47,7 +47,8 @@ def settle_cluster(timeout_s: float = 90.0) -> str:
     is idle again (a cancelled job holds its node COMPLETING for up to KillWait). Tests share two nodes, so a
     leftover would otherwise delay the next test's jobs by minutes. Returns what it had to cancel."""
     mine = SLURM.run(["squeue", "--noheader", "--user", str(os.getuid()), "--format", "%A|%j|%T"], check=False).stdout
-    leftovers = [line for line in mine.splitlines() if line.strip()]
+    # A job already COMPLETING was cancelled (or ended) by its test: only waited for below, not reported.
+    leftovers = [line for line in mine.splitlines() if line.strip() and not line.endswith("|COMPLETING")]
     if leftovers:
         SLURM.run(["scancel", "--user", str(os.getuid())], check=False)
     deadline = time.monotonic() + timeout_s

@@ -84,7 +84,8 @@ def test_doctor_quickstart_on_localhost_slurm():
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert "low (default)" in out and "high" in out
-    assert "no GPUs (gres) on any partition" in out
+    # scripts/cluster.sh's placeholder-GPU partitions (HPC_SLURM_GPU_PARTITIONS, default gpu_small/gpu_big)
+    assert "GPUs on gpu_small (2/node), gpu_big (2/node)" in out or "no GPUs (gres) on any partition" in out, out
     assert "OK    sbatch --test-only:" in out
     assert "OK    accounting: sacct answers" in out
     assert "READY:" in out

@@ -169,3 +169,29 @@ def test_situation_takes_the_gpu_capacity_from_the_oom_message():
     diagnoses = classify_job(attempts(row("FAILED", "3:0")), [LogText("9_0_log.out", oom)], job_id="9")
     situation = situation_from(diagnoses)
     assert situation.gpu_capacity_bytes and math.isclose(situation.gpu_capacity_bytes / 2**30, 79.15, rel_tol=1e-3)
+
+
+def test_placement_auto_asks_for_the_partitions_facts_then_moves_the_run_and_audits_the_table():
+    from types import SimpleNamespace as NS
+
+    cfg = build_config([{"run": {"name": "t"}, "slurm": {"partition": "gpu_small", "gpus_per_node": 1,
+                                                         "tasks_per_node": 1},
+                         "train": {"micro_batch_size": 8, "max_steps": 100},
+                         "placement": {"mode": "auto", "tolerance_s": 0}}])
+    ended = attempts(row("FAILED", "3:0"))
+    asked = follow(state(), Observation(ended, "", files(OOM, config=cfg)))
+    assert asked.ask_placement == {} and not asked.effects and asked.phase is Phase.RUNNING  # nothing done yet
+    facts = (NS(name="gpu_small", gpu_type="a10", gpu_gib=24.0, blocked="", start_s=0.0),
+             NS(name="gpu_big", gpu_type="h100", gpu_gib=80.0, blocked="", start_s=0.0))
+    outcome = follow(state(), Observation(ended, "", files(OOM, config=cfg), placement=facts))
+    assert outcome.phase is Phase.RECOVERING and outcome.ask_placement is None
+    _, effect = outcome.effects
+    assert effect.args["patch"] == {"slurm.partition": "gpu_big"}
+    (audit,) = outcome.audit
+    assert audit["config_diff"] == {"slurm.partition": {"from": "gpu_small", "to": "gpu_big"}}
+    table = audit["decision"]["placement"]["table"]
+    assert table[0].split()[:2] == ["partition", "gpu"] and any("chosen" in line for line in table)
+    assert any("gpu_big" in line and "chosen" in line for line in outcome.lines)  # the watcher's output shows it
+    # Facts that could not be gathered (the watcher passes ()): the ladder rung in place, as without placement.
+    fallback = follow(state(), Observation(ended, "", files(OOM, config=cfg), placement=()))
+    assert fallback.effects[1].args["patch"] == {"train.micro_batch_size": 4, "train.grad_accum_steps": 2}

@@ -60,6 +60,14 @@ def test_oom_repair_keeps_the_global_batch():
     assert p.patch["train.micro_batch_size"] * p.patch["train.grad_accum_steps"] == 8 * 3
 
 
+def test_with_placement_auto_an_oom_is_left_to_the_watcher_and_a_nan_still_repaired_in_the_job():
+    cfg = build_config([{"train": {"workload": "gpt", "micro_batch_size": 4}, "slurm": {"tasks_per_node": 2},
+                         "placement": {"mode": "auto"}}])
+    p = plan(OOM, cfg, 2, 2)
+    assert (p.action, p.exit_code) == (EXIT, exitcodes.OUT_OF_MEMORY) and "watcher weighs a partition" in p.reason
+    assert plan(NAN, cfg, 2, 2, (2, 4, 6)).action == REPAIR
+
+
 class _Stop:
     def __init__(self, signum):
         self.signum = signum

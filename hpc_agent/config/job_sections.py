@@ -1,8 +1,8 @@
 """Config sections for what the job trains on: model size, data, and fault injection."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from hpc_agent.config.checks import check_choice, check_positive, raise_if
 from hpc_agent.config.problems import Problem
@@ -106,6 +106,11 @@ class FaultsConfig:
     exceeds it (gpt workload). Unlike the other faults it fires in every attempt: it is the hardware, not
     a transient event, so only a config that fits gets past it."""
 
+    gpu_memory_gib_by_partition: Dict[str, float] = field(default_factory=dict)
+    """Like ``gpu_memory_gib``, but only in the named partitions (``SLURM_JOB_PARTITION``), e.g. ``{gpu_small:
+    0.5}``: the same run runs out of memory on one partition's simulated GPUs and fits another's (placement
+    tests on the localhost cluster, whose GPUs are fake)."""
+
     runtime_trigger: bool = False
     """Let a running job take faults from ``<run_dir>/chaos/inject.json`` (the chaos driver's hook: NaN, GPU
     OOM, host OOM, kill during a checkpoint save; see launch/chaos_trigger.py). Costs one stat per step."""
@@ -124,7 +129,15 @@ class FaultsConfig:
             value = getattr(self, name)
             if value is None or value < 0:
                 problems.append(Problem(f"faults.{name}", value, "0 (off) or a positive number"))
+        for part, gib in (self.gpu_memory_gib_by_partition or {}).items():
+            if not isinstance(gib, (int, float)) or isinstance(gib, bool) or gib <= 0:
+                problems.append(Problem(f"faults.gpu_memory_gib_by_partition.{part}", gib, "a positive number of GiB"))
         return problems
+
+    def simulated_gpu_gib(self, partition: Optional[str]) -> float:
+        """The simulated GPU's GiB in ``partition`` (0: none): the partition's own entry, else ``gpu_memory_gib``."""
+        by_partition = self.gpu_memory_gib_by_partition or {}
+        return float(by_partition.get(partition or "", 0) or self.gpu_memory_gib or 0)
 
     def __post_init__(self) -> None:
         raise_if(self.problems())

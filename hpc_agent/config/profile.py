@@ -27,7 +27,7 @@ from hpc_agent.config.problems import Problem
 PROFILE_ENV = "HPC_AGENT_PROFILE"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 # The sections a profile may set: cluster-wide settings. Training settings belong in the user's config.
-PROFILE_SECTIONS = ("profile", "slurm", "container", "run")
+PROFILE_SECTIONS = ("profile", "slurm", "container", "run", "placement")
 # The loader writes these (from the file it read); a profile or config that sets them is overridden.
 RECORDED = ("name", "source", "content")
 

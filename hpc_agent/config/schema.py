@@ -22,6 +22,7 @@ from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsC
 from hpc_agent.config.problems import Problem
 from hpc_agent.config.profile import Profile
 from hpc_agent.config.notify import NotifyConfig, mail_problems
+from hpc_agent.config.placement import PlacementConfig
 from hpc_agent.config.resilience import ResilienceConfig
 from hpc_agent.config.user_code import ContainerConfig, command_problems, workload_problem
 from hpc_agent.memory import REDUCE_BUCKET_SIZE
@@ -29,7 +30,7 @@ from hpc_agent.memory import REDUCE_BUCKET_SIZE
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 __all__ = ["Config", "RunConfig", "SlurmConfig", "TrainConfig", "WatchConfig", "ModelConfig", "DataConfig",
-           "FaultsConfig", "ResilienceConfig", "ContainerConfig", "Profile", "NotifyConfig", "SECTIONS", "IMBALANCE_METHODS"]
+           "FaultsConfig", "ResilienceConfig", "ContainerConfig", "Profile", "NotifyConfig", "PlacementConfig", "SECTIONS", "IMBALANCE_METHODS"]
 
 @dataclass
 class RunConfig:
@@ -354,6 +355,9 @@ class Config:
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     """Notifications: a command, a webhook, Slurm's mail."""
 
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Choosing the partition by expected finish time (submit --place auto; docs/placement.md)."""
+
     profile: Profile = field(default_factory=Profile)
     """The cluster profile: GPU request style, activation lines, Slurm quirks (docs/profiles.md)."""
 
@@ -379,4 +383,5 @@ class Config:
 
 SECTIONS = {"run": RunConfig, "slurm": SlurmConfig, "train": TrainConfig, "model": ModelConfig,
             "data": DataConfig, "faults": FaultsConfig, "watch": WatchConfig,
-            "resilience": ResilienceConfig, "container": ContainerConfig, "profile": Profile, "notify": NotifyConfig}
+            "resilience": ResilienceConfig, "container": ContainerConfig, "profile": Profile, "notify": NotifyConfig,
+            "placement": PlacementConfig}

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence
+from typing import Any, Iterable, List, Optional, Sequence
 
 from hpc_agent.slurm.sacct import SACCT_FIELDS
 
@@ -133,6 +133,26 @@ def sacct_argv(ids: Sequence[str], fields: Sequence[str], as_json: bool) -> List
     if as_json:
         return ["sacct", "--json", "--jobs", ",".join(ids)]
     return ["sacct", "--parsable2", "--format", ",".join(fields), "--jobs", ",".join(ids)]
+
+
+def sbatch_test_argv(slurm: Any, profile: Any = None) -> List[str]:
+    """``sbatch --test-only`` with the job's real resources (submits nothing), GPUs asked for in the
+    profile's style: the same option the job script carries (hpc_agent.config.profile.gpu_request). Here, below
+    the CLIs, because doctor and placement (hpc_agent.placement_facts, one per partition) both ask it."""
+    # Imported here: every Slurm call (the watcher's, the job's) loads this module; few need the config.
+    from hpc_agent.config.profile import Profile, gpu_request
+
+    argv = ["sbatch", "--test-only", "--job-name", "hpc-agent-doctor", "--nodes", str(slurm.nodes),
+            "--ntasks-per-node", str(slurm.tasks_per_node), "--cpus-per-task", str(slurm.cpus_per_task),
+            "--time", str(slurm.time)]
+    for option, value in (("--partition", slurm.partition), ("--account", slurm.account), ("--qos", slurm.qos),
+                          ("--mem", slurm.mem), ("--constraint", slurm.constraint), ("--exclude", slurm.exclude)):
+        if value:
+            argv += [option, str(value)]
+    if slurm.gpus_per_node:
+        option, value = gpu_request(profile or Profile(), slurm.gpus_per_node)
+        argv += [f"--{option}", value]
+    return argv + ["--wrap", "true"]
 
 
 def signal_argv(job_id: str, signal_name: str) -> List[str]:

@@ -100,6 +100,16 @@ def gpus_in_gres(gres: str) -> int:
     return total
 
 
+def gpu_types_in_gres(gres: str) -> List[str]:
+    """Typed GPU names, first seen first, each once: ``gpu:h100:8(S:0-1),gpu:a10:2`` -> ``["h100", "a10"]``;
+    ``gpu:2`` names no type -> ``[]``."""
+    types: List[str] = []
+    for parts in _gres_items(gres):
+        if parts[0] == "gpu" and len(parts) > 1 and not parts[1].isdigit() and parts[1] not in types:
+            types.append(parts[1])
+    return types
+
+
 def gpu_gib_from_gres(gres: str) -> Optional[float]:
     """GiB of one GPU from a gres string (``gpu:h100:8``, ``gpu:a100_80g:4(S:0-1)``), the smallest GPU's
     when there are several types; None when any type's size is unknown (or no type is named)."""

@@ -1,0 +1,262 @@
+"""Where a job should run: the pure chooser behind ``submit --place auto`` and the watcher's move after a GPU
+out-of-memory or a node fault.
+
+Each :class:`Candidate` is one way to run the job: a partition, the change the job needs there to fit (a rung
+of THE OOM ladder, :mod:`hpc_agent.memory`), the memory estimate, when Slurm says it would start
+(``sbatch --test-only``), how long it would then take, and what it would cost. :func:`choose` ranks them by
+the expected *finish* (start + run time), not the start: a partition that starts a minute later on GPUs
+three times as fast wins. The facts are gathered elsewhere (:mod:`hpc_agent.placement_facts`, I/O) and turned
+into candidates by :mod:`hpc_agent.placement_options` (pure); this module only decides and explains.
+
+The rules, in order:
+
+1. A partition the user named (``slurm.partition``) always wins; the table is still shown.
+2. A candidate is out when it cannot run the job: the user may not use the partition, it has too few GPUs,
+   the estimate does not fit even with every rung, or ``sbatch --test-only`` refuses it. Each says why.
+3. The rest are ranked by expected finish, when every one has a time estimate; otherwise by earliest start
+   (and the reason says which lacked an estimate). An unknown start ranks last.
+4. Candidates within ``tolerance_s`` of the best are a tie (estimates are rough: minutes do not matter on a
+   multi-hour run). A tie goes to, in order: a known fit over an unknown one, the lower cost (a known cost
+   over an unknown one), the smaller GPU (the bigger ones stay free for jobs that need them), no change over
+   a ladder rung, then the partition name (so the choice is deterministic).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+DEFAULT_TOLERANCE_S = 300.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the job. Times are seconds from now; None means unknown."""
+
+    partition: str
+    gpu_type: Optional[str] = None
+    """The GPU type of the partition's gres (``a10``), None for a CPU partition or an untyped gres."""
+    gpu_gib: Optional[float] = None
+    """Memory of one GPU, GiB; None when unknown."""
+    change: Dict[str, Any] = field(default_factory=dict)
+    """Dotted-key patch the job needs here (a ladder rung); empty: as it is."""
+    change_text: str = "as is"
+    need_bytes: Optional[float] = None
+    """The per-GPU memory estimate with ``change`` applied; None when there is no estimate."""
+    fits: Optional[bool] = None
+    """Whether ``need_bytes`` fits the GPU (with headroom); None when either side is unknown."""
+    start_s: Optional[float] = None
+    """Seconds until the earliest start ``sbatch --test-only`` reported; None when it did not say."""
+    run_s: Optional[float] = None
+    """Estimated seconds from start to the last step; None without a time estimate."""
+    gpus: int = 0
+    """GPUs the job holds (nodes x GPUs per node), for the cost."""
+    cost_per_gpu_hour: Optional[float] = None
+    blocked: str = ""
+    """Why this candidate cannot run the job ("" when it can)."""
+    explicit: bool = False
+    """The user named this partition."""
+    node_gpus: int = 0
+    """GPUs per node of the partition (0: a CPU partition, which a CPU job prefers in a tie)."""
+    default: bool = False
+    """The cluster's default partition (preferred in a tie, before the name)."""
+
+    @property
+    def finish_s(self) -> Optional[float]:
+        return None if self.start_s is None or self.run_s is None else self.start_s + self.run_s
+
+    @property
+    def cost(self) -> Optional[float]:
+        if self.cost_per_gpu_hour is None or self.run_s is None:
+            return None
+        return self.cost_per_gpu_hour * max(self.gpus, 1) * self.run_s / 3600.0
+
+    @property
+    def usable(self) -> bool:
+        return not self.blocked and self.fits is not False
+
+
+@dataclass(frozen=True)
+class Row:
+    candidate: Candidate
+    verdict: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The winner (None when nothing can run the job), every candidate with its verdict, and why."""
+
+    winner: Optional[Candidate]
+    rows: Tuple[Row, ...]
+    reason: str
+    ranked_by: str = "finish"
+    """``finish`` or ``start`` (when a usable candidate had no time estimate) or ``explicit``."""
+
+    @property
+    def patch(self) -> Dict[str, Any]:
+        """What to apply to the config: the winner's partition and change."""
+        if self.winner is None:
+            return {}
+        return {"slurm.partition": self.winner.partition, **self.winner.change}
+
+    def table(self) -> List[str]:
+        return render_table(self.rows)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """For the audit trail and ``--json``: plain values only."""
+        rows = []
+        for row in self.rows:
+            c = asdict(row.candidate)
+            c.update(finish_s=row.candidate.finish_s, cost=row.candidate.cost, verdict=row.verdict)
+            rows.append(c)
+        return {"winner": self.winner.partition if self.winner else None, "patch": self.patch,
+                "reason": self.reason, "ranked_by": self.ranked_by, "table": self.table(), "candidates": rows}
+
+
+# --- formatting ------------------------------------------------------------------------------------------
+def fmt_duration(seconds: Optional[float]) -> str:
+    """``?``, ``now`` (under a minute), ``12m``, ``2h05m``, ``3d04h``."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "?"
+    s = max(0.0, float(seconds))
+    if math.isinf(s):
+        return "never"
+    if s < 60:
+        return "now" if s < 1 else f"{s:.0f}s"
+    minutes = int(round(s / 60))
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def _in(seconds: Optional[float]) -> str:
+    text = fmt_duration(seconds)
+    return text if text in ("?", "now", "never") else f"in {text}"
+
+
+def _gpu(c: Candidate) -> str:
+    if c.gpu_type is None and c.gpu_gib is None:
+        return "-"
+    size = f" {c.gpu_gib:g}G" if c.gpu_gib is not None else ""
+    return f"{c.gpu_type or 'gpu'}{size}"
+
+
+def _fits(c: Candidate) -> str:
+    if c.blocked:
+        return "-"
+    need = f"{c.need_bytes / 2**30:.1f}G" if c.need_bytes is not None else ""
+    if c.fits is None:
+        return f"? {need}".strip()
+    return f"{'yes' if c.fits else 'no'} {need}".strip()
+
+
+def render_table(rows: Sequence[Row]) -> List[str]:
+    head = ("partition", "gpu", "fits", "change", "starts", "runs", "finishes", "cost", "verdict")
+    body = [(r.candidate.partition, _gpu(r.candidate), _fits(r.candidate), r.candidate.change_text,
+             _in(r.candidate.start_s), fmt_duration(r.candidate.run_s), _in(r.candidate.finish_s),
+             "-" if r.candidate.cost is None else f"{r.candidate.cost:.2f}", r.verdict) for r in rows]
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head) - 1)]
+    return ["  ".join([*(str(x[i]).ljust(widths[i]) for i in range(len(widths))), str(x[-1])]).rstrip()
+            for x in [head, *body]]
+
+
+# --- the choice -------------------------------------------------------------------------------------------
+def _blocked_verdict(c: Candidate) -> str:
+    if c.blocked:
+        return f"out: {c.blocked}"
+    return "out: does not fit" + (" even with every rung of the OOM ladder" if c.change_text == "no rung fits" else "")
+
+
+def _gpu_size(c: Candidate) -> float:
+    """For the tie: a partition without GPUs is the smallest (a CPU job leaves GPU nodes alone), an unknown
+    GPU the largest."""
+    if c.gpu_gib is not None:
+        return c.gpu_gib
+    return 0.0 if not c.node_gpus and c.gpu_type is None else math.inf
+
+
+def _tie_key(c: Candidate) -> tuple:
+    cost = c.cost
+    return (0 if c.fits else 1, 0 if cost is not None else 1, cost or 0.0, _gpu_size(c),
+            0 if not c.change else 1, 0 if c.default else 1, c.partition)
+
+
+def _tie_reason(winner: Candidate, other: Candidate) -> str:
+    """Why ``winner`` beat ``other`` within the tolerance: the first tie-break that differs."""
+    if bool(winner.fits) != bool(other.fits):
+        return "its fit is known"
+    if (winner.cost is None) != (other.cost is None):
+        return "its cost is known"
+    if winner.cost is not None and other.cost is not None and winner.cost != other.cost:
+        return f"cheaper ({winner.cost:.2f} vs {other.cost:.2f})"
+    if _gpu_size(winner) != _gpu_size(other):
+        if winner.gpu_gib is None:
+            return "no GPUs: GPU nodes stay free for jobs that need them"
+        other_size = f"{other.gpu_gib:g}" if other.gpu_gib is not None else "?"
+        return f"smaller GPU ({winner.gpu_gib:g} vs {other_size} GiB): the bigger ones stay free for jobs that need them"
+    if bool(winner.change) != bool(other.change):
+        return "it runs the job as is"
+    if winner.default != other.default:
+        return "the cluster's default partition"
+    return "by name"
+
+
+def choose(candidates: Sequence[Candidate], tolerance_s: float = DEFAULT_TOLERANCE_S) -> Choice:
+    """Rank ``candidates`` (see the module docstring); every candidate gets a row with its verdict."""
+    explicit = next((c for c in candidates if c.explicit), None)
+    usable = [c for c in candidates if c.usable]
+    missing = [c.partition for c in usable if c.run_s is None]  # an unknown *start* only ranks last
+    by = "start" if missing else "finish"
+
+    def key(c: Candidate) -> float:
+        value = c.start_s if by == "start" else c.finish_s
+        return math.inf if value is None else value
+
+    if explicit is not None:
+        verdicts = {id(c): ("chosen: you named it (slurm.partition)" if c is explicit else
+                            (_blocked_verdict(c) if not c.usable else "not considered: you named a partition"))
+                    for c in candidates}
+        return Choice(explicit, tuple(Row(c, verdicts[id(c)]) for c in candidates),
+                      f"you named partition {explicit.partition} (slurm.partition): it is used as is", "explicit")
+    if not usable:
+        why = "; ".join(f"{c.partition}: {_blocked_verdict(c)[5:]}" for c in candidates) or "no partition to try"
+        return Choice(None, tuple(Row(c, _blocked_verdict(c)) for c in candidates),
+                      f"no partition can run the job ({why})", by)
+    best = min(key(c) for c in usable)
+    tied = sorted((c for c in usable if key(c) <= best + tolerance_s), key=_tie_key) \
+        if not math.isinf(best) else sorted(usable, key=_tie_key)
+    winner = tied[0]
+    verdicts: Dict[int, str] = {}
+    for c in candidates:
+        if c is winner:
+            verdicts[id(c)] = "chosen"
+        elif not c.usable:
+            verdicts[id(c)] = _blocked_verdict(c)
+        elif c in tied:
+            verdicts[id(c)] = f"tie, lost: {_tie_reason(winner, c)}"
+        elif math.isinf(key(c)):
+            verdicts[id(c)] = f"{by} unknown"
+        else:
+            verdicts[id(c)] = f"{'finishes' if by == 'finish' else 'starts'} {fmt_duration(key(c) - key(winner))} later"
+    what = "finishes" if by == "finish" else "starts"
+    when = _in(key(winner))
+    if len(usable) == 1:
+        reason = f"{winner.partition} is the only partition that can run the job ({what} {when})"
+    elif len(tied) > 1:
+        reason = (f"{', '.join(c.partition for c in tied)} {what[:-1] if what == 'starts' else 'finish'} within {fmt_duration(tolerance_s)} of "
+                  f"each other; {winner.partition} wins the tie: {_tie_reason(winner, tied[1])}")
+    else:
+        runner = min((c for c in usable if c is not winner), key=key)
+        gap = key(runner) - key(winner)
+        reason = (f"{winner.partition} {what} first ({when}), " +
+                  (f"{fmt_duration(gap)} before {runner.partition}" if not math.isinf(gap) else
+                   f"{runner.partition}'s start is unknown (sbatch --test-only did not say)"))
+    if missing:
+        reason += f"; ranked by start: no time estimate for {', '.join(missing)}"
+    if winner.change:
+        reason += f"; with {winner.change_text}"
+    return Choice(winner, tuple(Row(c, verdicts[id(c)]) for c in candidates), reason, by)
