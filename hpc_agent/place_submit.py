@@ -8,11 +8,8 @@ run's config, so the job script, the memory check and the watcher's later decisi
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, List, Optional
-
-log = logging.getLogger("hpc_agent.submit")
 
 
 @dataclass(frozen=True)
