@@ -248,6 +248,10 @@ class InJobIngest:
         new = record_new(self.journal, run_id, decisions)
         self._seen[run_id] = key
         for d in new:
+            if d.action == ADAPT_ACTION:
+                self.say(run_id, f"job {d.job_id} attempt {d.attempt + 1} adapted its LR schedule at step {d.step}: "
+                                 f"{d.reason or d.action}")
+                continue
             self.say(run_id, f"job {d.job_id} attempt {d.attempt + 1} repaired in the job at step {d.step}: "
                              f"{d.cause} -> {d.reason or d.action} ({d.budget_left} in-job repair(s) left)")
         return new

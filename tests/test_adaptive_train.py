@@ -117,3 +117,48 @@ def test_a_resume_right_after_an_adaptation_is_exact(tmp_path):
     lrs_resumed = dict(re.findall(r"\] step (\d+) loss \S+ lr (\S+)", resumed.stdout))
     assert all(lrs_resumed[s] == lrs[s] for s in lrs_resumed)
     assert len(_adaptations(run_dir)) == 1  # the resumed attempt does not decide it again
+
+
+@pytest.mark.slow
+def test_off_by_default_the_same_spike_changes_nothing(tmp_path):
+    sections = _sections(SPIKE, grad_spike_at_step=8)
+    sections["adaptive"]["enabled"] = False
+    run_dir = tmp_path / "run"
+    out = run(snapshot(tmp_path / "cfg.yaml", **sections), run_dir)
+    expect(out, 0, "done: 16 steps", "fault: scaling the gradient")
+    assert "adaptive schedule" not in out.stdout and _adaptations(run_dir) == []
+    t = build_config([merge(TINY, sections)]).train
+    lr = tb_scalars(run_dir, "train/lr")
+    for s in range(1, STEPS + 1):
+        assert lr[s] == pytest.approx(LR * lr_factor(s - 1, t.warmup_steps, t.max_steps, t.min_lr_ratio), rel=1e-6)
+    assert tb_scalars(run_dir, "adaptive/lr_scale") == {}
+
+
+@pytest.mark.slow
+def test_an_escalation_rolls_back_through_the_divergence_rollback(tmp_path):
+    sections = _sections(dict(SPIKE, escalate_after=1), grad_spike_at_step=8)
+    sections["train"]["ckpt_every"] = 4
+    run_dir = tmp_path / "run"
+    out = run(snapshot(tmp_path / "cfg.yaml", **sections), run_dir)
+    expect(out, 0, "done: 16 steps", "adaptive schedule at step 8: escalate_rollback",
+           "in-job repair 1 of 2: grad_explosion at step 8", "resumed at step 4", "train.lr 0.0005")
+    decisions, problems = in_job.read(run_dir)
+    assert problems == []
+    assert [(d.action, d.cause, d.step) for d in decisions] == [
+        ("adaptive_schedule", "adaptive", 8), ("in_job_repair", "diverged", 8)]
+    assert (decisions[1].patch, decisions[1].rollback_to_step) == ({"train.lr": 5e-4}, 4)
+    assert all(v == v for v in losses(out.stdout).values())
+
+
+@pytest.mark.slow
+def test_two_ranks_take_rank_0s_decision(tmp_path):
+    from helpers.common import run_ranks
+
+    sections = _sections(SPIKE, grad_spike_at_step=8)
+    run_dir = tmp_path / "run"
+    results = run_ranks(snapshot(tmp_path / "cfg.yaml", slurm={"tasks_per_node": 2}, **sections), run_dir, world=2)
+    for r in results:
+        assert r.returncode == 0, r.stdout[-4000:]
+    assert "adaptive schedule at step 8: lr_decay" in results[0].stdout
+    assert [d.step for d in _adaptations(run_dir)] == [8]
+    assert tb_scalars(run_dir, "adaptive/lr_scale")[STEPS] == 0.5
