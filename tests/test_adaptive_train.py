@@ -21,16 +21,17 @@ def _sections(adaptive, **faults):
                 adaptive=dict(enabled=True, plateau_metric="train", cooldown_steps=0, **adaptive), faults=faults)
 
 
-def _replay(sections, run_dir):
+def _replay(sections, run_dir, tag="train/loss"):
     """``decide`` on what TensorBoard logged: the adaptations the run should have made."""
     cfg = build_config([merge(TINY, sections)])
     t, a = cfg.train, cfg.adaptive
-    loss, norm = tb_scalars(run_dir, "train/loss"), tb_scalars(run_dir, "train/grad_norm")
+    loss, norm = tb_scalars(run_dir, tag), tb_scalars(run_dir, "train/grad_norm")
     from hpc_agent.adaptive import ScheduleState
 
     state, made, ls, ns = ScheduleState(), [], [], []
     for step in range(1, STEPS + 1):
-        ls.append((step, loss[step]))
+        if step in loss:
+            ls.append((step, loss[step]))
         ns.append((step, norm[step]))
         now = lr_factor_unscaled(step, state, t.warmup_steps, t.max_steps, t.min_lr_ratio)
         state, adaptation = decide(state, step, ls, ns, t.grad_clip, a, warmup_steps=t.warmup_steps,
@@ -162,3 +163,16 @@ def test_two_ranks_take_rank_0s_decision(tmp_path):
     assert "adaptive schedule at step 8: lr_decay" in results[0].stdout
     assert [d.step for d in _adaptations(run_dir)] == [8]
     assert tb_scalars(run_dir, "adaptive/lr_scale")[STEPS] == 0.5
+
+
+@pytest.mark.slow
+def test_an_eval_loss_plateau_fires_one_warm_restart_where_decide_says(tmp_path):
+    sections = _sections(PLATEAU)
+    sections["adaptive"]["plateau_metric"] = "eval"
+    sections["train"]["eval_every"] = 2
+    run_dir = tmp_path / "run"
+    out = run(snapshot(tmp_path / "cfg.yaml", **sections), run_dir)
+    expect(out, 0, "done: 16 steps", "eval/loss plateau")
+    _, made = _replay(sections, run_dir, "eval/loss")
+    assert [k for k, _, _ in made] == ["warm_restart"] and made[0][1] % 2 == 0, made
+    assert [d.step for d in _adaptations(run_dir)] == [made[0][1]]
