@@ -26,7 +26,7 @@ for). An adaptation decided at ``step`` applies from update ``step`` on. The LR 
 ``launch.schedule.lr_factor_adaptive`` (the base schedule lives in ``launch``; hpc_agent never imports
 ``launch`` at module level), built from :func:`restart_factor` and :func:`scaled_factor` here.
 
-Integration into the training loop (``launch/engine.py``; not done yet), so it is mechanical:
+Integration into the training loop (``launch/engine.py``: ``AdaptiveHolder`` and ``Trainer._adapt``):
 
 1. ``Trainer.__init__``, when ``cfg.adaptive.enabled``: a mutable holder ``self.adaptive`` with ``state =
    ScheduleState()`` and the series ``losses`` and ``norms`` (lists of ``(step, value)``).
