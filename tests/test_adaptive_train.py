@@ -176,3 +176,8 @@ def test_an_eval_loss_plateau_fires_one_warm_restart_where_decide_says(tmp_path)
     _, made = _replay(sections, run_dir, "eval/loss")
     assert [k for k, _, _ in made] == ["warm_restart"] and made[0][1] % 2 == 0, made
     assert [d.step for d in _adaptations(run_dir)] == [made[0][1]]
+
+
+def test_the_grad_spike_fault_is_checked():
+    with pytest.raises(Exception, match="faults.grad_spike_at_step"):
+        build_config([merge(TINY, {"faults": {"grad_spike_at_step": -1}})])
