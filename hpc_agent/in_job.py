@@ -7,6 +7,10 @@ appends one JSON line per decision to :func:`hpc_agent.rundir.in_job_journal_pat
      "patch": {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}, "from": {...}, "rollback_to_step": 5,
      "evidence": ["..."], "reason": "...", "at": 1764600000.0, "budget_left": 1}
 
+An adaptation of the LR schedule (``adaptive:``; ``launch/engine.py``) is a line with ``"action":
+"adaptive_schedule"``, ``"cause": "adaptive"``, an empty patch, no rollback, and evidence of ``[step, value]``
+pairs (each a JSON text); an escalation to a rollback is then followed by the repair's own line.
+
 ``seq`` counts the run's lines (1, 2, ...), across attempts. ``attempt`` is the job's 0-based attempt
 number (``launch.tblog.attempt_number``). The file is written by the job, so here it is untrusted:
 read bounded, regular files only, every field checked; a malformed line is skipped and said once.
@@ -31,7 +35,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from hpc_agent import rundir
 
 ACTION = "in_job_repair"
-CAUSES = ("gpu_oom", "diverged")
+ADAPT_ACTION = "adaptive_schedule"
+"""An adaptation of the LR schedule (``adaptive:``, ``hpc_agent.adaptive``): cause ``adaptive``, no patch, no
+budget spent; the evidence is the ``[step, value]`` window it rests on, one JSON pair per line."""
+ADAPT_CAUSE = "adaptive"
+CAUSES = ("gpu_oom", "diverged", ADAPT_CAUSE)
+ACTIONS = {ACTION: ("gpu_oom", "diverged"), ADAPT_ACTION: (ADAPT_CAUSE,)}
+"""Each action with the causes it may have (a repair is never ``adaptive``, an adaptation nothing else)."""
 MAX_BYTES = 1 << 20        # a line is ~1 KiB and a run makes a few; anything bigger is not ours
 MAX_LINE_BYTES = 16 << 10
 MAX_EVIDENCE = 20
@@ -120,8 +130,13 @@ def parse_line(line: str) -> InJobDecision:
         raise ValueError(f"job_id: {job_id!r:.80} is not a job id")
     if obj.get("cause") not in CAUSES:
         raise ValueError(f"cause: {obj.get('cause')!r:.80} is not one of {CAUSES}")
-    if obj.get("action") != ACTION:
-        raise ValueError(f"action: {obj.get('action')!r:.80} is not {ACTION!r}")
+    action = obj.get("action")
+    if not isinstance(action, str) or action not in ACTIONS:
+        raise ValueError(f"action: {action!r:.80} is not one of {tuple(ACTIONS)}")
+    if obj["cause"] not in ACTIONS[action]:
+        raise ValueError(f"cause: {obj['cause']!r} is not a cause of action {action!r}")
+    if action == ADAPT_ACTION and obj.get("patch"):
+        raise ValueError("patch: an adaptive_schedule line changes no setting")
     evidence = obj.get("evidence", [])
     if not isinstance(evidence, list) or len(evidence) > MAX_EVIDENCE:
         raise ValueError(f"evidence: not a list of at most {MAX_EVIDENCE} lines")
@@ -131,7 +146,7 @@ def parse_line(line: str) -> InJobDecision:
     patch = _patch(obj.get("patch"), "patch")
     before = _patch(obj.get("from", {}), "from")
     return InJobDecision(seq=_int(obj, "seq", 1), job_id=job_id, attempt=_int(obj, "attempt"), step=_int(obj, "step"),
-                         cause=obj["cause"], action=ACTION, patch=patch,
+                         cause=obj["cause"], action=action, patch=patch,
                          rollback_to_step=_int(obj, "rollback_to_step", optional=True),
                          evidence=tuple(_text(e, "evidence") for e in evidence), at=float(at),
                          budget_left=_int(obj, "budget_left"), reason=_text(obj.get("reason", ""), "reason"),
@@ -237,6 +252,10 @@ class InJobIngest:
         new = record_new(self.journal, run_id, decisions)
         self._seen[run_id] = key
         for d in new:
+            if d.action == ADAPT_ACTION:
+                self.say(run_id, f"job {d.job_id} attempt {d.attempt + 1} adapted its LR schedule at step {d.step}: "
+                                 f"{d.reason or d.action}")
+                continue
             self.say(run_id, f"job {d.job_id} attempt {d.attempt + 1} repaired in the job at step {d.step}: "
                              f"{d.cause} -> {d.reason or d.action} ({d.budget_left} in-job repair(s) left)")
         return new

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_agent import rundir
 from launch import checkpoint, exitcodes, heartbeat, resume, universal
@@ -25,7 +25,7 @@ from launch.faults import Faults
 from launch.recovery import CONTINUE, InJobRecovery, agree, repair_in_place
 from launch.rng import rng_state, seed as seed_rng
 from launch.gpu_health import GpuHealthMonitor, simulated_reader
-from launch.schedule import lr_factor
+from launch.schedule import lr_factor, lr_factor_adaptive, lr_factor_unscaled
 from launch.signals import StopRequest, signal_name
 from launch.snapshot import Snapshots
 from launch.tblog import TBLog, attempt_number, peak_memory_bytes
@@ -50,6 +50,35 @@ def _loss_scale(engine: Any) -> Optional[float]:
         if value is not None:
             return float(value)
     return None
+
+
+class AdaptiveHolder:
+    """The adaptive schedule's mutable state (``adaptive:``; ``hpc_agent.adaptive``): the current
+    ``ScheduleState``, which the LR lambda reads at every scheduler step, and the trimmed series ``decide``
+    judges. All of it is saved in every checkpoint, so a resume decides exactly as the uninterrupted run."""
+
+    def __init__(self) -> None:
+        from hpc_agent.adaptive import ScheduleState
+
+        self.state = ScheduleState()
+        self.losses: List[Tuple[int, float]] = []
+        self.norms: List[Tuple[int, float]] = []
+        self.interval: List[float] = []  # plateau_metric train: the losses of the current log interval
+
+    def to_client(self) -> Dict[str, Any]:
+        return {"adaptive": self.state.to_dict(),
+                "adaptive_history": {"losses": [list(p) for p in self.losses],
+                                     "norms": [list(p) for p in self.norms], "interval": list(self.interval)}}
+
+    def restore(self, client: Dict[str, Any]) -> None:
+        """From a checkpoint's client state; one from before this feature (or none) starts afresh."""
+        from hpc_agent.adaptive import ScheduleState
+
+        self.state = ScheduleState.from_dict(client.get("adaptive"))
+        history = client.get("adaptive_history") or {}
+        self.losses = [(int(s), float(v)) for s, v in history.get("losses", [])]
+        self.norms = [(int(s), float(v)) for s, v in history.get("norms", [])]
+        self.interval = [float(v) for v in history.get("interval", [])]
 
 
 class Trainer:
@@ -78,6 +107,9 @@ class Trainer:
         self.trigger = RuntimeTrigger(self.run_dir, self.rank, bool(getattr(cfg.faults, "runtime_trigger", False)))
         self.snapshots = Snapshots(cfg.resilience.snapshot_every, self.ckpt_root, self.rank, self.world, self.layout,
                                    self.t.keep_checkpoints, self.coll.max_int, say)  # launch/snapshot.py
+        # The adaptive LR schedule (adaptive:); None when off: the loop is exactly as without it.
+        self.adaptive = AdaptiveHolder() if getattr(getattr(cfg, "adaptive", None), "enabled", False) else None
+        self._eval_loss: Optional[Tuple[int, float]] = None
         self.engine: Any = None
         self.tb: Optional[TBLog] = None
         self.step = 0  # optimizer steps completed
@@ -138,8 +170,13 @@ class Trainer:
 
         ds_config = build_ds_config(self.t, world_size=self.world, precision=self.precision,
                                     on_cuda=self.on_cuda, load_universal=source.converted)
-        schedule = functools.partial(lr_factor, warmup_steps=self.t.warmup_steps, total_steps=self.t.max_steps,
-                                     min_lr_ratio=self.t.min_lr_ratio)
+        if self.adaptive is None:
+            schedule = functools.partial(lr_factor, warmup_steps=self.t.warmup_steps, total_steps=self.t.max_steps,
+                                         min_lr_ratio=self.t.min_lr_ratio)
+        else:
+            # A plain closure reading the holder's current state (LambdaLR's state_dict does not save it).
+            self.adaptive.restore({})  # no checkpoint (or a rollback before the first): the plain schedule
+            schedule = self._adaptive_factor
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule), dist_init_required=False)
@@ -149,8 +186,9 @@ class Trainer:
 
         self.step, self.saved_step = 0, -1  # no checkpoint left (a rollback before the first): start over
         if source.tag is not None:
-            self.step = self.saved_step = resume.load(self.engine, source, self.t.lr, self.t.seed, self.rank,
-                                                      self.world, self.on_cuda, self.coll.barrier, say)
+            self.step = self.saved_step = resume.load(
+                self.engine, source, self.t.lr, self.t.seed, self.rank, self.world, self.on_cuda, self.coll.barrier,
+                say, restore=None if self.adaptive is None else self.adaptive.restore)
         heartbeat.current().resumed_at(self.step)
         return exitcodes.OK
 
@@ -181,6 +219,7 @@ class Trainer:
         self.trigger.before_step(step)
         started = time.perf_counter()
         lr = engine.get_lr()[0]
+        skipped = getattr(engine, "skipped_steps", 0)
         loss_total, grad_norm = 0.0, None
         for m in range(t.grad_accum_steps):
             start = (step - 1) * self.G + (m * self.world + self.rank) * t.micro_batch_size
@@ -217,16 +256,70 @@ class Trainer:
         heartbeat.current().stepped(step, elapsed)
         if grad_norm is None:
             grad_norm = _as_float(engine.get_global_grad_norm())
+        skipped = getattr(engine, "skipped_steps", 0) != skipped  # an FP16 overflow: the update was skipped
         if step % t.log_every == 0 or step == t.max_steps:
             self._log(step, loss_mean, lr, grad_norm, elapsed)
         if self._gpu_health(step):
             return exitcodes.GPU_CRITICAL
         if t.eval_every and step % t.eval_every == 0 and step != t.max_steps:
             self._evaluate(step)
+        if self.adaptive is not None:  # after the evaluation, before the checkpoint of this step
+            code = self._adapt(step, loss_mean, grad_norm, skipped)
+            if code is not CONTINUE:
+                return code  # None: rolled back (escalated), train on from self.step; else an exit code
         if step % t.ckpt_every == 0 and step != t.max_steps:
             self._save()
         self.snapshots.after_step(engine, step, self._client_state, saved=step in (self.saved_step, t.max_steps))
         return None
+
+    # ---- the adaptive schedule (adaptive:; hpc_agent/adaptive.py) ------------------------------
+    def _adaptive_factor(self, update: int) -> float:
+        t = self.t
+        return lr_factor_adaptive(update, self.adaptive.state, t.warmup_steps, t.max_steps, t.min_lr_ratio)
+
+    def _adapt(self, step: int, loss: float, grad_norm: Optional[float], skipped: bool) -> Any:
+        """Record step ``step``'s evidence, decide (rank 0; broadcast) and act: CONTINUE, or what an escalation's
+        rollback returns (None: repaired, train on from ``self.step``; else an exit code)."""
+        from hpc_agent.adaptive import ESCALATE_ROLLBACK, decide, trim_history
+        from hpc_agent.diagnosis.causes import Cause
+        from hpc_agent.metrics.divergence import GRAD_EXPLOSION
+        from launch.recovery import Fault
+
+        t, a, acfg = self.t, self.adaptive, self.cfg.adaptive
+        if grad_norm is not None and not skipped:
+            a.norms.append((step, float(grad_norm)))
+        if acfg.plateau_metric == "train":
+            a.interval.append(float(loss))
+            if step % t.log_every == 0 or step == t.max_steps:
+                a.losses.append((step, sum(a.interval) / len(a.interval)))
+                a.interval = []
+        elif self._eval_loss is not None and self._eval_loss[0] == step:
+            a.losses.append(self._eval_loss)
+        a.losses, a.norms = trim_history(a.losses, a.norms, acfg)
+        decided = None
+        if self.rank == 0:
+            now = lr_factor_unscaled(step, a.state, t.warmup_steps, t.max_steps, t.min_lr_ratio)
+            decided = decide(a.state, step, a.losses, a.norms, t.grad_clip, acfg, warmup_steps=t.warmup_steps,
+                             total_steps=t.max_steps, lr_factor_now=now)
+        if self.world > 1:  # eval losses need not agree bit for bit across ranks: rank 0's decision holds
+            decided = self.coll.broadcast_object(decided)
+        a.state, adaptation = decided
+        if adaptation is None:
+            return CONTINUE
+        if self.rank == 0:
+            say(f"adaptive schedule at step {step}: {adaptation.kind}: {adaptation.reason}")
+        self.recovery.record_adaptation(adaptation)
+        self.tb.scalars({"adaptive/lr_scale": a.state.lr_scale, f"adaptive/{adaptation.kind}": 1.0}, step)
+        if adaptation.kind == ESCALATE_ROLLBACK:
+            return repair_in_place(self, Fault(Cause.DIVERGED.value, step, GRAD_EXPLOSION, adaptation.reason,
+                                               divergence_step=adaptation.since_step))
+        # Update `step` already uses the new schedule (a restart starts where the LR is: only a decay changes it).
+        sched = self.engine.lr_scheduler
+        factor = self._adaptive_factor(sched.last_epoch)
+        for group, base in zip(sched.optimizer.param_groups, sched.base_lrs):
+            group["lr"] = base * factor
+        sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
+        return CONTINUE
 
     def _gpu_health(self, step: int, first: bool = False) -> bool:
         """Read, log and agree on the GPUs' health when due; True means CRITICAL somewhere: stop now."""
@@ -254,6 +347,8 @@ class Trainer:
                   "perf/step_time_s": elapsed, "perf/peak_mem_bytes": peak_memory_bytes(self.on_cuda)}
         if self.precision == "fp16":
             values["train/loss_scale"] = _loss_scale(self.engine)
+        if self.adaptive is not None:
+            values["adaptive/lr_scale"] = self.adaptive.state.lr_scale
         self.tb.scalars(values, step)
         if self.rank == 0:
             norm = f"{grad_norm:.4f}" if grad_norm is not None else "n/a"
@@ -266,6 +361,8 @@ class Trainer:
         heartbeat.current().phase("evaluating")
         metrics = self.workload.evaluate(self.engine)
         heartbeat.current().phase("training")
+        if "eval/loss" in metrics:
+            self._eval_loss = (step, float(metrics["eval/loss"]))
         self.tb.scalars(metrics, step)
         if self.rank == 0:
             say(f"eval at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
@@ -289,8 +386,11 @@ class Trainer:
 
     def _client_state(self) -> Dict[str, Any]:
         """What a checkpoint or snapshot saves beside DeepSpeed's state (a collective: every rank calls it)."""
-        return {"step": self.step, "data_position": self.step * self.G, "layout": self.layout,
-                "rng": self.coll.gather_objects(rng_state(self.on_cuda))}
+        client = {"step": self.step, "data_position": self.step * self.G, "layout": self.layout,
+                  "rng": self.coll.gather_objects(rng_state(self.on_cuda))}
+        if self.adaptive is not None:
+            client.update(self.adaptive.to_client())
+        return client
 
     def _save_and_exit(self) -> int:
         name = signal_name(self.stop.signum)

@@ -15,6 +15,8 @@ from typing import Any, List, Set
 
 _HELD: List[bytearray] = []  # keeps the injected host allocation alive until the process dies
 _NAN_FIRED: Set[int] = set()  # steps whose injected NaN has fired in this process
+_SPIKE_FIRED: Set[int] = set()  # steps whose injected gradient spike has fired in this process
+GRAD_SPIKE_FACTOR = 1e4
 
 
 class Faults:
@@ -100,4 +102,10 @@ class Faults:
             _NAN_FIRED.add(step)
             self._say(f"making the loss NaN at step {step}")
             return loss * float("nan")
+        spike = getattr(self.cfg, "grad_spike_at_step", 0)
+        if self.armed and spike and step == spike and step not in _SPIKE_FIRED:
+            _SPIKE_FIRED.add(step)
+            self._say(f"scaling the gradient by {GRAD_SPIKE_FACTOR:g} at step {step} (a gradient spike)")
+            # The same value (the loss detector sees nothing), GRAD_SPIKE_FACTOR x its gradient.
+            return loss + (GRAD_SPIKE_FACTOR - 1.0) * (loss - loss.detach())
         return loss

@@ -192,6 +192,24 @@ class InJobRecovery:
                     self.say(f"rollback: set aside {', '.join(moved)}")
         self.coll.barrier()
 
+    def record_adaptation(self, adaptation: Any) -> None:
+        """Rank 0: one journal line (fsynced) for an adaptation of the LR schedule (``hpc_agent.adaptive``);
+        no repair budget is spent. The evidence is its ``[step, value]`` window (the first point and the
+        last ones, when longer than the journal allows)."""
+        if self.rank != 0:
+            return
+        import json
+
+        pairs = adaptation.to_dict()["evidence"]
+        if len(pairs) > in_job.MAX_EVIDENCE:
+            pairs = pairs[:1] + pairs[-(in_job.MAX_EVIDENCE - 1):]
+        self.seq += 1
+        line = in_job.encode(in_job.InJobDecision(
+            self.seq, self.job_id, self.attempt, adaptation.step, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None,
+            tuple(json.dumps(p) for p in pairs), time.time(), self.left,
+            f"{adaptation.kind}: {adaptation.reason}"[:in_job.MAX_TEXT]))
+        _append_synced(rundir.in_job_journal_path(self.run_dir), line)
+
     def restarted_at(self, step: int, tb: Any) -> None:
         """After the reload: forget the rolled-back history, and make TensorBoard drop what it logged past
         ``step`` (a SessionLog START, as a resumed attempt's ``purge_step`` does)."""

@@ -66,13 +66,17 @@ def prepare(ckpt_root: Path, choice: Optional[Dict[str, Any]], layout: Any, name
 
 
 def load(engine: Any, source: Source, lr: float, seed: int, rank: int, world: int, on_cuda: bool,
-         barrier: Callable[[], None], say: Callable[[str], None]) -> int:
+         barrier: Callable[[], None], say: Callable[[str], None],
+         restore: Optional[Callable[[Dict[str, Any]], None]] = None) -> int:
     """Load ``source`` into the built engine; returns the checkpoint's step. RNG state per rank when the
-    world size is the same, else a deterministic reseed."""
+    world size is the same, else a deterministic reseed. ``restore`` gets the checkpoint's client state
+    before the LR is adopted (the adaptive schedule's state, which the LR lambda reads)."""
     path, client = engine.load_checkpoint(str(source.load_dir), tag=source.tag)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {source.tag} from {source.load_dir}")
     step = int(client["step"])
+    if restore is not None:
+        restore(client)
     if adopt_configured_lr(engine, lr) and rank == 0:
         say(f"learning rate from the config: train.lr {lr:g} (the checkpoint had another)")
     rng = client.get("rng") or []

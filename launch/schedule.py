@@ -10,10 +10,16 @@ scheduler once per optimizer update (only at the gradient-accumulation boundary,
 FP16 overflow-skipped step) and saves/restores its ``last_epoch`` with the checkpoint, so the schedule
 position survives a resume. LambdaLR calls the factor with the number of updates done so far,
 which is exactly the 0-based index of the next update.
+
+With ``adaptive.enabled`` the factor is :func:`lr_factor_adaptive`: this schedule as changed by the
+adaptations in a :class:`hpc_agent.adaptive.ScheduleState` (warm restarts, decays). Its initial state
+gives exactly :func:`lr_factor`.
 """
 from __future__ import annotations
 
 import math
+
+from hpc_agent.adaptive import ScheduleState, restart_factor, scaled_factor
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -32,3 +38,18 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: floa
 def lr_at(step: int, peak_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
     """The learning rate of 0-based update ``step``."""
     return peak_lr * lr_factor(step, warmup_steps, total_steps, min_lr_ratio)
+
+
+def lr_factor_unscaled(step: int, state: ScheduleState, warmup_steps: int, total_steps: int,
+                       min_lr_ratio: float) -> float:
+    """The schedule's factor for update ``step`` after the warm restarts in ``state``, before its decays.
+    Before the last restart (only a review could ask) it is the base schedule's."""
+    if state.restart_step is None or step < state.restart_step:
+        return lr_factor(step, warmup_steps, total_steps, min_lr_ratio)
+    return restart_factor(step, state, total_steps, min_lr_ratio)
+
+
+def lr_factor_adaptive(step: int, state: ScheduleState, warmup_steps: int, total_steps: int,
+                       min_lr_ratio: float) -> float:
+    """Multiplier of the peak learning rate for update ``step`` under the adaptations in ``state``."""
+    return scaled_factor(lr_factor_unscaled(step, state, warmup_steps, total_steps, min_lr_ratio), state)

@@ -144,6 +144,16 @@ def test_encode_parse_round_trip():
 GOOD = json.loads(in_job.encode(_decision(1)))
 
 
+def test_an_adaptation_line_round_trips_and_is_audited_as_decided_in_the_job():
+    d = in_job.InJobDecision(3, "7", 0, 12, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None, ("[11, 0.5]", "[12, 9.0]"),
+                             1.5e9, 2, "lr_decay: grad norm 9 at step 12 ...")
+    assert in_job.parse_line(in_job.encode(d)) == d
+    record = in_job.audit_record(d)
+    assert (record["action"], record["cause"], record["decided_in"], record["step"]) == \
+        ("adaptive_schedule", "adaptive", "job", 12)
+    assert carried_patch([d], "7", 1) == {}  # a requeue carries no setting from it
+
+
 @pytest.mark.parametrize("line,problem", [
     ("not json", "Expecting value"),
     ("[1, 2]", "not a JSON object"),
@@ -152,6 +162,10 @@ GOOD = json.loads(in_job.encode(_decision(1)))
     (json.dumps({**GOOD, "job_id": "1; rm -rf /"}), "job_id"),
     (json.dumps({**GOOD, "cause": "code_error"}), "cause"),
     (json.dumps({**GOOD, "action": "resubmit"}), "action"),
+    (json.dumps({**GOOD, "action": ["in_job_repair"]}), "action"),
+    (json.dumps({**GOOD, "cause": "adaptive"}), "not a cause of action 'in_job_repair'"),
+    (json.dumps({**GOOD, "action": "adaptive_schedule"}), "not a cause of action 'adaptive_schedule'"),
+    (json.dumps({**GOOD, "action": "adaptive_schedule", "cause": "adaptive"}), "changes no setting"),
     (json.dumps({**GOOD, "patch": {"slurm.exclude": "node1"}}), "not a train.* setting"),
     (json.dumps({**GOOD, "patch": {"train.lr": {"nested": 1}}}), "plain scalar"),
     (json.dumps({**GOOD, "evidence": "one string"}), "evidence"),

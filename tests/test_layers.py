@@ -18,7 +18,7 @@ CLI_MODULES = {"hpc_agent.submit", "hpc_agent.watch", "hpc_agent.diagnose", "hpc
 PURE_CORE = {"hpc_agent.follow", "hpc_agent.follow_model", "hpc_agent.lifecycle", "hpc_agent.policy", "hpc_agent.memory",
              "hpc_agent.job_match", "hpc_agent.slurm.sacct", "hpc_agent.slurm.sacct_read", "hpc_agent.slurm.sacct_json",
              "hpc_agent.slurm.hostlist", "hpc_agent.slurm.attempt_cache", "hpc_agent.heartbeat",
-             "hpc_agent.diagnosis.hang", "hpc_agent.notify_events"}
+             "hpc_agent.diagnosis.hang", "hpc_agent.notify_events", "hpc_agent.adaptive"}
 IO_MODULES = {"subprocess", "sqlite3", "socket", "shutil"}
 
 

@@ -94,6 +94,11 @@ class FaultsConfig:
     nan_at_step: int = 0
     """Make the loss NaN at this step."""
 
+    grad_spike_at_step: int = 0
+    """Multiply the gradient (not the loss's value) by 10^4 at this step (once per process): the norm before
+    clipping jumps 10^4-fold, while ``train.grad_clip`` keeps the update bounded: a gradient explosion for the adaptive
+    schedule (``adaptive:``) to see."""
+
     hang_at_step: int = 0
     """Stop making progress (sleep) at this step."""
 
@@ -125,7 +130,7 @@ class FaultsConfig:
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
-        for name in ("oom_above_micro_batch", "gpu_memory_gib", "gpu_critical_at_step", "host_alloc_mb", "host_alloc_step", "nan_at_step", "hang_at_step", "error_at_step"):
+        for name in ("oom_above_micro_batch", "gpu_memory_gib", "gpu_critical_at_step", "host_alloc_mb", "host_alloc_step", "nan_at_step", "grad_spike_at_step", "hang_at_step", "error_at_step"):
             value = getattr(self, name)
             if value is None or value < 0:
                 problems.append(Problem(f"faults.{name}", value, "0 (off) or a positive number"))

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from hpc_agent.config.adaptive import AdaptiveConfig, adaptive_problems
 from hpc_agent.config.checks import (MEM_RE, NAME_RE, TIME_RE, check_choice, check_positive, check_shell_safe,
                                      raise_if)
 from hpc_agent.config.fields import path_problem
@@ -30,7 +31,8 @@ from hpc_agent.memory import REDUCE_BUCKET_SIZE
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 __all__ = ["Config", "RunConfig", "SlurmConfig", "TrainConfig", "WatchConfig", "ModelConfig", "DataConfig",
-           "FaultsConfig", "ResilienceConfig", "ContainerConfig", "Profile", "NotifyConfig", "PlacementConfig", "SECTIONS", "IMBALANCE_METHODS"]
+           "FaultsConfig", "ResilienceConfig", "ContainerConfig", "Profile", "NotifyConfig", "PlacementConfig",
+           "AdaptiveConfig", "SECTIONS", "IMBALANCE_METHODS"]
 
 @dataclass
 class RunConfig:
@@ -358,6 +360,9 @@ class Config:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """Choosing the partition by expected finish time (submit --place auto; docs/placement.md)."""
 
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    """Adapting the LR schedule inside the job (warm restarts, decays); off by default."""
+
     profile: Profile = field(default_factory=Profile)
     """The cluster profile: GPU request style, activation lines, Slurm quirks (docs/profiles.md)."""
 
@@ -375,6 +380,7 @@ class Config:
                 "(DeepSpeed has no FP16 on the CPU); or ask for GPUs with slurm.gpus_per_node=1",
             ))
         problems += mail_problems(self.notify, self.slurm.extra_sbatch)
+        problems += adaptive_problems(self.adaptive, self.train)
         return problems
 
     def __post_init__(self) -> None:
@@ -384,4 +390,4 @@ class Config:
 SECTIONS = {"run": RunConfig, "slurm": SlurmConfig, "train": TrainConfig, "model": ModelConfig,
             "data": DataConfig, "faults": FaultsConfig, "watch": WatchConfig,
             "resilience": ResilienceConfig, "container": ContainerConfig, "profile": Profile, "notify": NotifyConfig,
-            "placement": PlacementConfig}
+            "placement": PlacementConfig, "adaptive": AdaptiveConfig}
