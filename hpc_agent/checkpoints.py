@@ -212,7 +212,9 @@ def complete_steps(run_dir: Path) -> List[int]:
 
 def set_aside_after(run_dir: Path, keep_step: Optional[int], before_step: Optional[int]) -> List[str]:
     """Roll back: move checkpoints newer than ``keep_step`` (or at/after ``before_step``) into
-    ``checkpoints/set_aside/`` so the next attempt resumes from the older one. Nothing is deleted."""
+    ``checkpoints/set_aside/`` so the next attempt resumes from the older one. Nothing is deleted: a second
+    rollback past a step that was trained again (and saved under the same tag) keeps both, the later one
+    as ``<tag>.2`` (``.3``, ...). Returns the tags moved."""
     root = rundir.checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
@@ -221,8 +223,11 @@ def set_aside_after(run_dir: Path, keep_step: Optional[int], before_step: Option
         too_new = (keep_step is not None and cand.step > keep_step) or (
             keep_step is None and before_step is not None and cand.step >= before_step)
         if too_new:
-            target = root / ASIDE / cand.name
-            make_dir(target.parent)
+            make_dir(root / ASIDE)
+            target, n = root / ASIDE / cand.name, 1
+            while os.path.lexists(target):
+                n += 1
+                target = root / ASIDE / f"{cand.name}.{n}"
             os.replace(root / cand.name, target)
             moved.append(cand.name)
     return sorted(moved)

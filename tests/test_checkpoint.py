@@ -227,3 +227,24 @@ def test_save_refuses_marker_when_a_reported_file_is_not_on_disk(tmp_path, monke
     with pytest.raises(RuntimeError, match="rank_1.*missing"):
         ck.save(FakeEngine(0), tmp_path, 3, {}, {}, 0, lambda: None, gather)
     assert not (tmp_path / tag_for(3) / MARKER).exists()
+
+
+def test_a_second_rollback_past_a_retrained_step_keeps_both_set_aside_copies(tmp_path):
+    """Two divergence rollbacks in one run: the first sets aside step 500, the run trains past 500 again and
+    saves it under the same tag, and the second rollback sets that one aside too (it crashed on the name)."""
+    from hpc_agent import checkpoints
+
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    for step in (250, 500):
+        _write(root, step)
+    (root / tag_for(500) / "first").write_text("1")
+    assert checkpoints.set_aside_after(run_dir, 250, None) == [tag_for(500)]
+    _write(root, 500)
+    (root / tag_for(500) / "second").write_text("2")
+    assert checkpoints.set_aside_after(run_dir, 250, None) == [tag_for(500)]
+    aside = root / checkpoints.ASIDE
+    assert sorted(p.name for p in aside.iterdir()) == [tag_for(500), tag_for(500) + ".2"]
+    assert (aside / tag_for(500) / "first").read_text() == "1"
+    assert (aside / (tag_for(500) + ".2") / "second").read_text() == "2"
+    assert [c.step for c in scan(root)] == [250]  # what a resume sees: only the checkpoint kept
