@@ -4,6 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
+from hpc_agent.adaptive import KINDS as ADAPTATION_KINDS
+from hpc_agent.in_job import ADAPT_ACTION
+
 NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
 # The watcher's notices about a running attempt (hpc_agent.follow_hang): it asked for the stacks of a run
 # that looked hung, or the run moved on; a notification sent (hpc_agent/notify.py). None ends an attempt nor
@@ -30,8 +33,12 @@ def _fmt(value: Any) -> str:
 
 
 def event_label(record: Mapping[str, Any]) -> str:
-    """One events.jsonl record as a marker label: ``preempted`` or ``gpu_oom: micro_batch 8→4``."""
+    """One events.jsonl record as a marker label: ``preempted``, ``gpu_oom: micro_batch 8→4``, or for an
+    adaptation of the LR schedule its kind, ``adaptive: warm_restart``."""
     cause = str(record.get("cause") or (record.get("decision") or {}).get("cause") or record.get("action") or "?")
+    if is_adaptation(record):
+        kind = str(record.get("reason") or "").split(":", 1)[0]
+        return f"{cause}: {kind}" if kind in ADAPTATION_KINDS else cause  # the job wrote the reason: known kinds only
     diff = record.get("config_diff") or {}
     changes = [f"{_short_key(k)} {_fmt(v.get('from'))}→{_fmt(v.get('to'))}"
                for k, v in sorted(diff.items()) if isinstance(v, Mapping)]
@@ -70,9 +77,15 @@ def is_in_job(record: Mapping[str, Any]) -> bool:
     return record.get("decided_in") == "job"
 
 
+def is_adaptation(record: Mapping[str, Any]) -> bool:
+    """The job adapted its LR schedule (``adaptive:``): a marker of its own colour, not a repair."""
+    return is_in_job(record) and record.get("action") == ADAPT_ACTION
+
+
 def in_job_markers(events: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """``[{"step": N, "label": "(in job) gpu_oom: micro_batch 8→4"}]``, one per in-job decision with a step."""
-    return [{"step": r["step"], "label": f"(in job) {event_label(r)}"} for r in events
+    """``[{"step": N, "label": "(in job) gpu_oom: micro_batch 8→4", "adaptive": False}]``, one per in-job
+    decision with a step; ``adaptive`` marks an adaptation of the LR schedule."""
+    return [{"step": r["step"], "label": f"(in job) {event_label(r)}", "adaptive": is_adaptation(r)} for r in events
             if is_in_job(r) and isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
 
 
@@ -177,8 +190,9 @@ def build_figure(runs: Sequence[Mapping[str, Any]]):
                 ax_tp.axvline(when, color=color, ls="--", lw=1.2)
                 _label(ax_tp, mdates.date2num(when), y, text, color)
         for i, marker in enumerate(run.get("in_job", [])):
-            ax_loss.axvline(marker["step"], color="tab:gray", ls=":", lw=1.2)
-            _label(ax_top, marker["step"], 0.3 + 0.09 * i, marker["label"], "tab:gray")
+            color = "tab:olive" if marker.get("adaptive") else "tab:gray"  # an LR adaptation, or a repair
+            ax_loss.axvline(marker["step"], color=color, ls=":", lw=1.2)
+            _label(ax_top, marker["step"], 0.3 + 0.09 * i, marker["label"], color)
     fig.tight_layout()
     fig.canvas.draw()
     return fig

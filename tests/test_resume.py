@@ -5,8 +5,35 @@ import signal
 import pytest
 
 from helpers.common import expect, losses, run, snapshot, start, tb_scalars, wait_for, wait_for_snapshot
+from hpc_agent import in_job
 from launch import exitcodes, universal
 from launch.checkpoint import MARKER, tag_for
+
+# Issue 21: the exact-resume tests also run with the adaptive LR schedule on, set to adapt often (a plateau of
+# the training loss is any 3 log points that do not beat the best before by 90 %), so warm restarts fall before
+# and after the resume and the resumed schedule must continue exactly.
+ADAPTIVE = {"off": {},
+            "on": {"adaptive": {"enabled": True, "plateau_metric": "train", "plateau_window": 3,
+                                "plateau_min_rel_improvement": 0.9, "restart_fraction": 1.0, "restart_warmup_steps": 2,
+                                "max_restarts": 8, "cooldown_steps": 4}}}
+
+
+def adaptations(run_dir):
+    """(step, kind) of every adaptation the run's journal records, each once (a killed attempt's adaptations
+    past the step it resumed from are made again by the resumed attempt)."""
+    decisions, problems = in_job.read(run_dir)
+    assert problems == []
+    return sorted({(d.step, d.reason.split(":", 1)[0]) for d in decisions if d.action == in_job.ADAPT_ACTION})
+
+
+def check_adaptations(mode, straight_dir, resumed_dir, resumed_from):
+    """Off: none at all. On: some before and some after the step the run resumed from, the same as the straight run's."""
+    want, got = adaptations(straight_dir), adaptations(resumed_dir)
+    if mode == "off":
+        assert want == got == []
+        return
+    assert any(s <= resumed_from for s, _ in want) and any(s > resumed_from for s, _ in want), want
+    assert got == want
 
 
 def L(mbs, accum, world, stage, offload="none", precision="bf16"):
@@ -41,10 +68,11 @@ def test_plan_explains_global_batch_change():
 
 
 @pytest.mark.slow
-def test_sigkill_after_step20_resumes_bit_exact(tmp_path):
+@pytest.mark.parametrize("adaptive", ["off", "on"])
+def test_sigkill_after_step20_resumes_bit_exact(tmp_path, adaptive):
     """Must-show 1: FP32 gpt, 40 steps uninterrupted vs. SIGKILL after the step-20 checkpoint + resume."""
-    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 40, "ckpt_every": 20, "precision": "fp32",
-                                                 "warmup_steps": 5})
+    train = {"max_steps": 40, "ckpt_every": 20, "precision": "fp32", "warmup_steps": 5}
+    cfg = snapshot(tmp_path / "cfg.yaml", train=train, **ADAPTIVE[adaptive])
     straight = run(cfg, tmp_path / "straight")
     expect(straight, 0, "done: 40 steps")
 
@@ -67,18 +95,20 @@ def test_sigkill_after_step20_resumes_bit_exact(tmp_path):
     for step in range(21, 41):
         assert shown[step] == pytest.approx(got[step], abs=1e-5)
     assert tb_scalars(run_dir, "run/attempt") == {1: 0.0, 21: 1.0}
+    check_adaptations(adaptive, tmp_path / "straight", run_dir, 20)
 
 
 @pytest.mark.slow
-def test_sigkill_resumes_bit_exact_from_snapshot(tmp_path):
+@pytest.mark.parametrize("adaptive", ["off", "on"])
+def test_sigkill_resumes_bit_exact_from_snapshot(tmp_path, adaptive):
     """The same with asynchronous snapshots every 3 steps and no checkpoint before the end: the resume
     takes the newest complete snapshot, and the losses equal those of a run that took no snapshots (so
     taking them does not disturb training either)."""
     train = {"max_steps": 120, "ckpt_every": 1000, "precision": "fp32", "warmup_steps": 5}
-    straight = run(snapshot(tmp_path / "plain.yaml", train=train), tmp_path / "straight")
+    straight = run(snapshot(tmp_path / "plain.yaml", train=train, **ADAPTIVE[adaptive]), tmp_path / "straight")
     expect(straight, 0, "done: 120 steps")
 
-    cfg = snapshot(tmp_path / "cfg.yaml", train=train, resilience={"snapshot_every": 3})
+    cfg = snapshot(tmp_path / "cfg.yaml", train=train, resilience={"snapshot_every": 3}, **ADAPTIVE[adaptive])
     run_dir = tmp_path / "killed"
     proc = start(cfg, run_dir)
     wait_for_snapshot(run_dir, 9, proc)
@@ -92,6 +122,7 @@ def test_sigkill_resumes_bit_exact_from_snapshot(tmp_path):
     assert first > 9 and (first - 1) % 3 == 0
     for step in range(first, 121):
         assert got[step] == pytest.approx(want[step], abs=1e-6), step
+    check_adaptations(adaptive, tmp_path / "straight", run_dir, first - 1)
 
 
 @pytest.mark.slow

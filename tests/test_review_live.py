@@ -210,8 +210,50 @@ def test_in_job_decisions_are_marked(root, capsys):
     assert shown["decisions"][1]["in_job"] is True
     # not an attempt boundary: a marker at its step in the loss panel
     assert boundary_labels([record]) == []
-    assert in_job_markers([record]) == [{"step": 37, "label": "(in job) gpu_oom: micro_batch 8→4"}]
+    assert in_job_markers([record]) == [{"step": 37, "label": "(in job) gpu_oom: micro_batch 8→4", "adaptive": False}]
 
+
+
+def adaptation_record(reason: str, step: int, seq: int = 2) -> dict:
+    """An adaptation of the LR schedule as the watcher records it from the job's journal line: the same
+    encode/parse/audit path as ``launch.recovery.InJobRecovery.record_adaptation``'s line."""
+    line = in_job.encode(in_job.InJobDecision(seq, "2001", 0, step, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None,
+                                              ('[30, 2.5]', '[40, 2.49]'), LAST - 2, 2, reason))
+    (decision,), problems = in_job.parse(line)
+    assert problems == []
+    return dict(in_job.audit_record(decision), run_id=RUN_ID, time="2026-01-01T00:05:00")
+
+
+def test_adaptations_are_markers_of_their_own_with_their_kind(root, capsys):
+    run_dir = make_live_run(root)
+    records = [adaptation_record("warm_restart: train plateau: best 2.49 of the last 3 points", 40),
+               adaptation_record("lr_decay: gradient norm 96 > 10 x median 1.2: LR scale 1 -> 0.5", 45, seq=3),
+               adaptation_record("\x1b[2Jsomething: else", 50, seq=4), in_job_record()]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in records))
+    run = review_run(run_dir, root, now=LAST + 10)
+    assert run["in_job"] == [
+        {"step": 40, "label": "(in job) adaptive: warm_restart", "adaptive": True},
+        {"step": 45, "label": "(in job) adaptive: lr_decay", "adaptive": True},
+        {"step": 50, "label": "(in job) adaptive", "adaptive": True},  # an unknown kind is not echoed
+        {"step": 37, "label": "(in job) gpu_oom: micro_batch 8→4", "adaptive": False}]
+    assert boundary_labels(records) == []  # no attempt ended
+    lines = decision_lines([run])
+    assert lines[0].endswith("at step 40: adaptive -> adaptive_schedule: warm_restart: train plateau: best 2.49 of "
+                             "the last 3 points (in job)")
+    assert "\x1b" not in "".join(lines)
+    fig = build_figure([run])
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    try:
+        texts = {t.get_text(): t for ax in fig.axes for t in ax.texts}
+        assert {"(in job) adaptive: warm_restart", "(in job) adaptive: lr_decay",
+                "(in job) gpu_oom: micro_batch 8→4"} <= set(texts)
+        lines_at = {line.get_xdata()[0]: to_rgba(line.get_color()) for ax in fig.axes for line in ax.get_lines()
+                    if line.get_linestyle() == ":"}
+        assert lines_at[40] == lines_at[45] == to_rgba("tab:olive") != lines_at[37] == to_rgba("tab:gray")
+    finally:
+        plt.close(fig)
 
 def test_in_job_decisions_from_events_alone(tmp_path):
     run_dir = make_run(tmp_path / "runs")
@@ -221,7 +263,7 @@ def test_in_job_decisions_from_events_alone(tmp_path):
     run = review_run(run_dir)
     assert [(d["cause"], d["in_job"]) for d in run["decisions"]] == [("gpu_oom", False), ("gpu_oom", True)]
     assert [b["label"] for b in run["boundaries"]] == ["preempted", "gpu_oom: micro_batch 8→4"]  # unchanged
-    assert run["in_job"] == [{"step": 70, "label": "(in job) gpu_oom: micro_batch 8→4"}]
+    assert run["in_job"] == [{"step": 70, "label": "(in job) gpu_oom: micro_batch 8→4", "adaptive": False}]
     fig = build_figure([run])
     import matplotlib.pyplot as plt
 
