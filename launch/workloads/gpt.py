@@ -73,19 +73,20 @@ class Block(nn.Module):
 
 
 class ByteGPT(nn.Module):
-    """``forward(input_ids [B, T] int64) -> logits [B, T, 256]``."""
+    """``forward(input_ids [B, T] int64) -> logits [B, T, vocab]`` (``vocab`` 256, raw bytes, unless a
+    benchmark asks for a GPT-2-sized 50257; the training workload always uses the default)."""
 
     def __init__(self, n_layers: int, d_model: int, n_heads: int, seq_len: int, dropout: float = 0.0,
-                 activation_checkpointing: bool = False):
+                 activation_checkpointing: bool = False, vocab: int = VOCAB):
         super().__init__()
         self.seq_len = seq_len
         self.activation_checkpointing = activation_checkpointing
-        self.tok_emb = nn.Embedding(VOCAB, d_model)
+        self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(Block(d_model, n_heads, dropout) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, VOCAB, bias=False)
+        self.head = nn.Linear(d_model, vocab, bias=False)
         self._init_weights(n_layers)
 
     def _init_weights(self, n_layers: int) -> None:
