@@ -166,3 +166,16 @@ def test_fatal_alarms_are_detects_fatal_kinds():
     old = [LegacyAlarm(LEGACY_KIND[a.kind], a.step, a.detail) for a in detect(loss, loss_scale=scale)
            if a.kind in (NAN_LOSS, LOSS_SCALE_COLLAPSE)]
     assert fatal_alarms(loss, scale, 1.0) == old and len(old) == 2
+
+
+def test_context_points_only_fill_the_window():
+    """``context_points``: no spike or explosion starts among the first points; one after them still does."""
+    flat = [(s, 2.0 + 0.01 * (s % 3)) for s in range(1, 61)]
+    early = [(s, 9.0 if s in (15, 16) else v) for s, v in flat]
+    assert [a.step for a in detect(early) if a.kind == LOSS_SPIKE] == [15]
+    assert [a for a in detect(early, context_points=20) if a.kind == LOSS_SPIKE] == []
+    late = [(s, 9.0 if s in (15, 16, 40, 41) else v) for s, v in flat]
+    assert [a.step for a in detect(late, context_points=20) if a.kind == LOSS_SPIKE] == [40]
+    norms = [(s, 100.0 if s in (15, 16, 17, 45, 46, 47) else 1.0) for s in range(1, 61)]
+    assert [a.step for a in detect([], norms) if a.kind == GRAD_EXPLOSION] == [15]
+    assert [a.step for a in detect([], norms, context_points=20) if a.kind == GRAD_EXPLOSION] == [45]

@@ -293,3 +293,55 @@ def test_budget_zero_exits_with_the_old_exit_code(tmp_path):
         assert f"out of memory at step 1 during training (micro_batch_size 4, ZeRO-1); exiting " \
                f"{exitcodes.OUT_OF_MEMORY}" in r.stdout
     assert not rundir.in_job_journal_path(run_dir).exists()
+
+
+# --- the job's loss history is cut to its last HISTORY points -------------------------------------------
+def _noisy_healthy_loss(seed, n):
+    """A falling training loss with multiplicative per-batch noise (log-sd 0.3), like the classifier's."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    steps = np.arange(1, n + 1)
+    trend = 0.25 + 0.6 * np.exp(-steps / 150)
+    return [(int(s), float(v)) for s, v in zip(steps, trend * np.exp(0.3 * rng.standard_normal(n)))]
+
+
+class _OneRank:
+    @staticmethod
+    def broadcast_object(value):
+        return value
+
+
+def _recovery(tmp_path):
+    from hpc_agent.config.load import build_config
+    from launch.recovery import InJobRecovery
+
+    return InJobRecovery(build_config([{}]), tmp_path, 0, 0, _OneRank(), lambda _: None)
+
+
+@pytest.mark.parametrize("seed", [2, 4])
+def test_a_noisy_healthy_loss_past_the_kept_history_is_no_spike(tmp_path, seed):
+    """The job keeps its last HISTORY losses. Judged on what was left of their trailing window, the first points
+    of the cut history were judged against as few as 10 points, anew every step, and sooner or later one looked
+    like a spike: the rollback went back hundreds of steps (10 of 20 classifier runs at 1:50 imbalance)."""
+    from launch.recovery import HISTORY
+
+    series = _noisy_healthy_loss(seed, 1500)
+    history, old_verdict = [], None
+    for step, value in series:  # what the job did before: the cut history judged whole
+        history = (history + [(step, value)])[-HISTORY:]
+        old_verdict = divergence_fault(history, [], step, 1.0, True)
+        if old_verdict:
+            break
+    assert old_verdict is not None and old_verdict.divergence_step < step - HISTORY + 60, old_verdict
+    recovery = _recovery(tmp_path)
+    assert [f for s, v in series if (f := recovery.observe(s, v, None, 1.0))] == []
+    assert recovery.cut and len(recovery.losses) == HISTORY
+
+
+def test_a_real_spike_after_the_history_was_cut_is_still_found(tmp_path):
+    series = _noisy_healthy_loss(0, 1000) + [(s, 3.0) for s in range(1001, 1010)]
+    recovery = _recovery(tmp_path)
+    found = [(s, f) for s, v in series if (f := recovery.observe(s, v, None, 1.0))]
+    step, fault = found[0]
+    assert (step, fault.kind, fault.divergence_step) == (1002, "loss_spike", 1001)  # the detector's patience: 2

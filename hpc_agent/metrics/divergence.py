@@ -119,7 +119,8 @@ def _nan_loss(steps, values) -> List[Alarm]:
     return [Alarm(NAN_LOSS, int(steps[i]), f"train/loss is {values[i]} at step {int(steps[i])}")]
 
 
-def _loss_spike(steps, values, window, z_threshold, spike_patience, min_history, rel_floor) -> List[Alarm]:
+def _loss_spike(steps, values, window, z_threshold, spike_patience, min_history, rel_floor,
+                context_points=0) -> List[Alarm]:
     finite = np.isfinite(values)
     if not finite.all():  # judge only the part before the loss went non-finite (that is nan_loss)
         cut = int(np.argmax(~finite))
@@ -132,6 +133,7 @@ def _loss_spike(steps, values, window, z_threshold, spike_patience, min_history,
     with np.errstate(invalid="ignore"):
         z = (values - med) / scale
     mask = np.nan_to_num(z, nan=-np.inf) > z_threshold
+    mask[:context_points] = False
     i = _first_run(mask, spike_patience)
     if i < 0:
         return []
@@ -140,7 +142,7 @@ def _loss_spike(steps, values, window, z_threshold, spike_patience, min_history,
                   f"trailing median {med[i]:.6g} (window {window}), for {spike_patience}+ points")]
 
 
-def _grad_explosion(steps, values, window, grad_factor, grad_patience, min_history) -> List[Alarm]:
+def _grad_explosion(steps, values, window, grad_factor, grad_patience, min_history, context_points=0) -> List[Alarm]:
     finite = np.isfinite(values)
     steps, values = steps[finite], values[finite]  # inf norms on FP16 overflow steps are loss-scale business
     if len(values) <= min_history:
@@ -148,6 +150,7 @@ def _grad_explosion(steps, values, window, grad_factor, grad_patience, min_histo
     med, _ = _trailing_median_mad(values, window, min_history, with_mad=False)
     with np.errstate(invalid="ignore"):
         mask = np.nan_to_num(values > grad_factor * np.maximum(med, 1e-12), nan=False) & ~np.isnan(med)
+    mask[:context_points] = False
     i = _first_run(mask, grad_patience)
     if i < 0:
         return []
@@ -216,16 +219,21 @@ def detect(loss: Sequence[Any], grad_norm: Sequence[Any] = (), loss_scale: Seque
            grad_factor: float = 10.0, grad_patience: int = 3,
            min_loss_scale: float = 1.0, scale_halvings: int = 4, stuck_points: int = 3,
            throughput_fraction: float = 0.5, throughput_patience: int = 10,
-           throughput_warmup: int = 5) -> List[Alarm]:
-    """Every alarm found, ordered by the step where it began (ties: the order of ``KINDS``)."""
+           throughput_warmup: int = 5, context_points: int = 0) -> List[Alarm]:
+    """Every alarm found, ordered by the step where it began (ties: the order of ``KINDS``).
+
+    ``context_points``: the first so many loss and gradient-norm points only fill the trailing window; no
+    spike or explosion starts among them. For a series cut from a longer one (the job keeps its last few
+    hundred points): judged on what was left of their window, its first points would be judged against as
+    few as ``min_history`` points, every step anew, and one of them sooner or later looks like a spike."""
     alarms: List[Alarm] = []
     s, v = _pairs(loss)
     if len(v):
         alarms += _nan_loss(s, v)
-        alarms += _loss_spike(s, v, window, z_threshold, spike_patience, min_history, rel_floor)
+        alarms += _loss_spike(s, v, window, z_threshold, spike_patience, min_history, rel_floor, context_points)
     s, v = _pairs(grad_norm)
     if len(v):
-        alarms += _grad_explosion(s, v, window, grad_factor, grad_patience, min_history)
+        alarms += _grad_explosion(s, v, window, grad_factor, grad_patience, min_history, context_points)
     s, v = _pairs(loss_scale)
     if len(v):
         alarms += _loss_scale_collapse(s, v, window, min_loss_scale, scale_halvings, stuck_points)
