@@ -26,34 +26,15 @@ for). An adaptation decided at ``step`` applies from update ``step`` on. The LR 
 ``launch.schedule.lr_factor_adaptive`` (the base schedule lives in ``launch``; hpc_agent never imports
 ``launch`` at module level), built from :func:`restart_factor` and :func:`scaled_factor` here.
 
-Integration into the training loop (``launch/engine.py``: ``AdaptiveHolder`` and ``Trainer._adapt``):
-
-1. ``Trainer.__init__``, when ``cfg.adaptive.enabled``: a mutable holder ``self.adaptive`` with ``state =
-   ScheduleState()`` and the series ``losses`` and ``norms`` (lists of ``(step, value)``).
-2. ``Trainer._build``: replace the ``functools.partial(lr_factor, ...)`` given to ``LambdaLR`` with the
-   closure ``lambda s: lr_factor_adaptive(s, self.adaptive.state, t.warmup_steps, t.max_steps,
-   t.min_lr_ratio)``, which reads the holder's *current* state at every scheduler step (a plain function:
-   LambdaLR's state_dict does not try to save it). ``resume.load`` gets a callback, run right after
-   ``engine.load_checkpoint`` and before ``adopt_configured_lr`` evaluates the lambda, that restores
-   ``state = ScheduleState.from_dict(client.get("adaptive"))`` and the series from
-   ``client.get("adaptive_history")`` (also after an in-job rollback: the checkpoint's state wins).
-3. ``Trainer._train_step``, once ``grad_norm`` is known and after ``_evaluate`` but before ``_save`` and
-   the snapshot (a checkpoint of step N must hold the state decided at N): append ``(step, grad_norm)``
-   (not for FP16 overflow-skipped steps, whose inf norm is the loss scaler's business: DeepSpeed's
-   ``skipped_steps`` grows) and the watched loss (``train``: the mean loss of each ``log_every`` interval;
-   ``eval``: ``eval/loss``), apply :func:`trim_history`, and call ``decide(state, step, losses, norms,
-   t.grad_clip, cfg.adaptive, warmup_steps=t.warmup_steps, total_steps=t.max_steps,
-   lr_factor_now=lr_factor_unscaled(step, state, ...))`` on rank 0; broadcast ``(state, adaptation)``
-   (``coll.broadcast_object``), since eval losses need not agree bit for bit across ranks.
-4. On an adaptation: store the state; set each param group's ``lr`` to ``base_lr x lr_factor_adaptive(step,
-   ...)`` so update ``step`` already uses it (a restart starts where the LR is: only a decay changes it);
-   rank 0 appends ``adaptation.to_dict()`` to the in-job journal (``hpc_agent/in_job.py`` needs an action
-   for it; its evidence is the ``[step, value]`` window), logs ``adaptive/lr_scale`` and an
-   ``adaptive/<kind>`` scalar for the review plot's marker, and says a line. ``escalate_rollback``:
-   ``repair_in_place(self, Fault(Cause.DIVERGED.value, step, GRAD_EXPLOSION, adaptation.reason,
-   divergence_step=adaptation.since_step))``.
-5. ``Trainer._client_state``: ``"adaptive": state.to_dict()`` and ``"adaptive_history": {"losses": ...,
-   "norms": ...}`` (trimmed: with them the decisions after a resume equal the uninterrupted run's).
+In the training loop (``launch/adaptive_loop.py``, called by ``launch/engine.py`` after a step's evaluation
+and before its checkpoint): the LR lambda reads the current state at every scheduler step; the trimmed series
+(:func:`trim_history`) and the state are saved in every checkpoint and snapshot and restored by the resume, so
+the decisions after a resume equal the uninterrupted run's; rank 0 decides and broadcasts (eval losses need
+not agree bit for bit across ranks); gradient norms of FP16 overflow-skipped steps are left out (the loss
+scaler's business). An adaptation applies from update ``step`` on, is a journal line
+(``hpc_agent/in_job.py``, action ``adaptive_schedule``, its ``[step, value]`` window as evidence), an
+``adaptive/<kind>`` TensorBoard scalar and a marker in review's plot; ``escalate_rollback`` is the job's
+divergence rollback (``launch.recovery.repair_in_place``).
 """
 from __future__ import annotations
 

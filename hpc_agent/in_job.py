@@ -7,7 +7,7 @@ appends one JSON line per decision to :func:`hpc_agent.rundir.in_job_journal_pat
      "patch": {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}, "from": {...}, "rollback_to_step": 5,
      "evidence": ["..."], "reason": "...", "at": 1764600000.0, "budget_left": 1}
 
-An adaptation of the LR schedule (``adaptive:``; ``launch/engine.py``) is a line with ``"action":
+An adaptation of the LR schedule (``adaptive:``; ``launch/adaptive_loop.py``) is a line with ``"action":
 "adaptive_schedule"``, ``"cause": "adaptive"``, an empty patch, no rollback, and evidence of ``[step, value]``
 pairs (each a JSON text); an escalation to a rollback is then followed by the repair's own line.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from hpc_agent import rundir
 from launch import checkpoint, exitcodes, heartbeat, resume, universal
@@ -22,10 +22,11 @@ from launch.distributed import Collectives, DistEnv
 from launch.dsconfig import build_ds_config
 from launch.chaos_trigger import RuntimeTrigger
 from launch.faults import Faults
+from launch.adaptive_loop import AdaptiveHolder, adapt
 from launch.recovery import CONTINUE, InJobRecovery, agree, repair_in_place
 from launch.rng import rng_state, seed as seed_rng
 from launch.gpu_health import GpuHealthMonitor, simulated_reader
-from launch.schedule import lr_factor, lr_factor_adaptive, lr_factor_unscaled
+from launch.schedule import lr_factor
 from launch.signals import StopRequest, signal_name
 from launch.snapshot import Snapshots
 from launch.tblog import TBLog, attempt_number, peak_memory_bytes
@@ -50,35 +51,6 @@ def _loss_scale(engine: Any) -> Optional[float]:
         if value is not None:
             return float(value)
     return None
-
-
-class AdaptiveHolder:
-    """The adaptive schedule's mutable state (``adaptive:``; ``hpc_agent.adaptive``): the current
-    ``ScheduleState``, which the LR lambda reads at every scheduler step, and the trimmed series ``decide``
-    judges. All of it is saved in every checkpoint, so a resume decides exactly as the uninterrupted run."""
-
-    def __init__(self) -> None:
-        from hpc_agent.adaptive import ScheduleState
-
-        self.state = ScheduleState()
-        self.losses: List[Tuple[int, float]] = []
-        self.norms: List[Tuple[int, float]] = []
-        self.interval: List[float] = []  # plateau_metric train: the losses of the current log interval
-
-    def to_client(self) -> Dict[str, Any]:
-        return {"adaptive": self.state.to_dict(),
-                "adaptive_history": {"losses": [list(p) for p in self.losses],
-                                     "norms": [list(p) for p in self.norms], "interval": list(self.interval)}}
-
-    def restore(self, client: Dict[str, Any]) -> None:
-        """From a checkpoint's client state; one from before this feature (or none) starts afresh."""
-        from hpc_agent.adaptive import ScheduleState
-
-        self.state = ScheduleState.from_dict(client.get("adaptive"))
-        history = client.get("adaptive_history") or {}
-        self.losses = [(int(s), float(v)) for s, v in history.get("losses", [])]
-        self.norms = [(int(s), float(v)) for s, v in history.get("norms", [])]
-        self.interval = [float(v) for v in history.get("interval", [])]
 
 
 class Trainer:
@@ -176,7 +148,7 @@ class Trainer:
         else:
             # A plain closure reading the holder's current state (LambdaLR's state_dict does not save it).
             self.adaptive.restore({})  # no checkpoint (or a rollback before the first): the plain schedule
-            schedule = self._adaptive_factor
+            schedule = self.adaptive.factor_for(self.t)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule), dist_init_required=False)
@@ -264,62 +236,13 @@ class Trainer:
         if t.eval_every and step % t.eval_every == 0 and step != t.max_steps:
             self._evaluate(step)
         if self.adaptive is not None:  # after the evaluation, before the checkpoint of this step
-            code = self._adapt(step, loss_mean, grad_norm, skipped)
+            code = adapt(self, step, loss_mean, grad_norm, skipped)
             if code is not CONTINUE:
                 return code  # None: rolled back (escalated), train on from self.step; else an exit code
         if step % t.ckpt_every == 0 and step != t.max_steps:
             self._save()
         self.snapshots.after_step(engine, step, self._client_state, saved=step in (self.saved_step, t.max_steps))
         return None
-
-    # ---- the adaptive schedule (adaptive:; hpc_agent/adaptive.py) ------------------------------
-    def _adaptive_factor(self, update: int) -> float:
-        t = self.t
-        return lr_factor_adaptive(update, self.adaptive.state, t.warmup_steps, t.max_steps, t.min_lr_ratio)
-
-    def _adapt(self, step: int, loss: float, grad_norm: Optional[float], skipped: bool) -> Any:
-        """Record step ``step``'s evidence, decide (rank 0; broadcast) and act: CONTINUE, or what an escalation's
-        rollback returns (None: repaired, train on from ``self.step``; else an exit code)."""
-        from hpc_agent.adaptive import ESCALATE_ROLLBACK, decide, trim_history
-        from hpc_agent.diagnosis.causes import Cause
-        from hpc_agent.metrics.divergence import GRAD_EXPLOSION
-        from launch.recovery import Fault
-
-        t, a, acfg = self.t, self.adaptive, self.cfg.adaptive
-        if grad_norm is not None and not skipped:
-            a.norms.append((step, float(grad_norm)))
-        if acfg.plateau_metric == "train":
-            a.interval.append(float(loss))
-            if step % t.log_every == 0 or step == t.max_steps:
-                a.losses.append((step, sum(a.interval) / len(a.interval)))
-                a.interval = []
-        elif self._eval_loss is not None and self._eval_loss[0] == step:
-            a.losses.append(self._eval_loss)
-        a.losses, a.norms = trim_history(a.losses, a.norms, acfg)
-        decided = None
-        if self.rank == 0:
-            now = lr_factor_unscaled(step, a.state, t.warmup_steps, t.max_steps, t.min_lr_ratio)
-            decided = decide(a.state, step, a.losses, a.norms, t.grad_clip, acfg, warmup_steps=t.warmup_steps,
-                             total_steps=t.max_steps, lr_factor_now=now)
-        if self.world > 1:  # eval losses need not agree bit for bit across ranks: rank 0's decision holds
-            decided = self.coll.broadcast_object(decided)
-        a.state, adaptation = decided
-        if adaptation is None:
-            return CONTINUE
-        if self.rank == 0:
-            say(f"adaptive schedule at step {step}: {adaptation.kind}: {adaptation.reason}")
-        self.recovery.record_adaptation(adaptation)
-        self.tb.scalars({"adaptive/lr_scale": a.state.lr_scale, f"adaptive/{adaptation.kind}": 1.0}, step)
-        if adaptation.kind == ESCALATE_ROLLBACK:
-            return repair_in_place(self, Fault(Cause.DIVERGED.value, step, GRAD_EXPLOSION, adaptation.reason,
-                                               divergence_step=adaptation.since_step))
-        # Update `step` already uses the new schedule (a restart starts where the LR is: only a decay changes it).
-        sched = self.engine.lr_scheduler
-        factor = self._adaptive_factor(sched.last_epoch)
-        for group, base in zip(sched.optimizer.param_groups, sched.base_lrs):
-            group["lr"] = base * factor
-        sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
-        return CONTINUE
 
     def _gpu_health(self, step: int, first: bool = False) -> bool:
         """Read, log and agree on the GPUs' health when due; True means CRITICAL somewhere: stop now."""
