@@ -115,14 +115,14 @@ class Choice:
 
 # --- formatting ------------------------------------------------------------------------------------------
 def fmt_duration(seconds: Optional[float]) -> str:
-    """``?``, ``now`` (under a minute), ``12m``, ``2h05m``, ``3d04h``."""
+    """A duration: ``?``, ``<1s``, ``45s``, ``12m``, ``2h05m``, ``3d04h``, ``never``."""
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
         return "?"
     s = max(0.0, float(seconds))
     if math.isinf(s):
         return "never"
     if s < 60:
-        return "now" if s < 1 else f"{s:.0f}s"
+        return "<1s" if s < 1 else f"{s:.0f}s"
     minutes = int(round(s / 60))
     if minutes < 60:
         return f"{minutes}m"
@@ -134,8 +134,14 @@ def fmt_duration(seconds: Optional[float]) -> str:
 
 
 def _in(seconds: Optional[float]) -> str:
+    """A time from now: ``now`` (under a second), ``in 12m``, ``?``, ``never``."""
     text = fmt_duration(seconds)
-    return text if text in ("?", "now", "never") else f"in {text}"
+    return "now" if text == "<1s" else text if text in ("?", "never") else f"in {text}"
+
+
+def fmt_size(size: float) -> str:
+    """Bytes as ``12.3G``, or below 1 GiB ``512M`` (a CPU job's need would read ``0.0G``)."""
+    return f"{size / 2**30:.1f}G" if size >= 2**30 else f"{max(1, round(size / 2**20))}M"
 
 
 def _gpu(c: Candidate) -> str:
@@ -148,7 +154,7 @@ def _gpu(c: Candidate) -> str:
 def _fits(c: Candidate) -> str:
     if c.blocked:
         return "-"
-    need = f"{c.need_bytes / 2**30:.1f}G" if c.need_bytes is not None else ""
+    need = fmt_size(c.need_bytes) if c.need_bytes is not None else ""
     if c.fits is None:
         return f"? {need}".strip()
     return f"{'yes' if c.fits else 'no'} {need}".strip()

@@ -12,7 +12,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from hpc_agent.config.load import load_config
-from hpc_agent.placement import Candidate, choose, fmt_duration
+from hpc_agent.placement import Candidate, choose, fmt_duration, fmt_size
 from hpc_agent.placement_options import candidates, change_factor, step_seconds
 
 H = 3600.0
@@ -125,11 +125,27 @@ def test_no_candidates_at_all():
     assert choose([]).winner is None
 
 
-@pytest.mark.parametrize("seconds, text", [(None, "?"), (0, "now"), (0.4, "now"), (45, "45s"), (60, "1m"),
+@pytest.mark.parametrize("seconds, text", [(None, "?"), (0, "<1s"), (0.4, "<1s"), (45, "45s"), (60, "1m"),
                                            (3599, "1h00m"), (7500, "2h05m"), (3 * 86400 + 4 * 3600, "3d04h"),
                                            (float("inf"), "never")])
 def test_durations(seconds, text):
     assert fmt_duration(seconds) == text
+
+
+@pytest.mark.parametrize("size, text", [(0, "1M"), (300 * 2**20, "300M"), (2**30 - 2**20, "1023M"), (2**30, "1.0G"),
+                                        (12.34 * 2**30, "12.3G")])
+def test_sizes(size, text):
+    assert fmt_size(size) == text
+
+
+def test_sub_second_and_sub_gib_figures_read_as_such_in_the_table():
+    """A tiny CPU job: it needs MiBs, runs in under a second, and the loser finishes less than a second later."""
+    a = Candidate("a", need_bytes=300 * 2**20, fits=True, start_s=0.0, run_s=0.4, default=True)
+    b = Candidate("b", need_bytes=300 * 2**20, fits=True, start_s=0.3, run_s=0.4)
+    choice = choose([a, b], tolerance_s=0)
+    table = "\n".join(choice.table())
+    assert "0.0G" not in table and "300M" in table and "<1s" in table, table
+    assert "finishes <1s later" in table and "now later" not in table, table
 
 
 # --- the options: what fits where, and how long it takes ----------------------------------------------
