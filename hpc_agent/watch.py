@@ -181,7 +181,9 @@ def _take_lease(lease, args: argparse.Namespace, stop: "_Stop") -> bool:
         _sleep(min(max(left, 1.0), 10.0), stop)
         if stop.requested:
             return False
-        holder = lease.acquire()
+        previous, holder = holder, lease.acquire()
+        if holder is None:
+            log.info("[watch] took the lease over from %s pid %s", previous["host"], previous["pid"])
     return True
 
 

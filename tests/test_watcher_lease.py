@@ -97,8 +97,10 @@ def test_two_real_watchers_on_one_root(tmp_path):
         second = _watch(root, "--wait-for-lease")
         _wait_for_line(second, "waiting")
         started = time.monotonic()
+        took = _wait_for_line(second, "[watch] took the lease over from")
+        # the 3 s TTL ran out, then it took over (before it asks sinfo anything: slow while slurmctld is down)
+        assert time.monotonic() - started <= 10 and f"pid {first.pid}" in took
         _wait_for_line(second, "[watch] following")
-        assert time.monotonic() - started <= 10  # the 3 s TTL ran out, then it took over
         os.kill(first.pid, signal.SIGCONT)
         out, _ = first.communicate(timeout=60)
         assert first.returncode == 4 and "taken over" in out  # the old one stops instead of acting twice
