@@ -75,6 +75,21 @@ class InJobDecision:
                 "at": self.at, "budget_left": self.budget_left}
 
 
+def adaptation_reason(kind: str, why: str) -> str:
+    """An adaptation's journal reason, ``<kind>: <why>`` (clipped to MAX_TEXT); :func:`adaptation_kind` reads
+    the kind back."""
+    return f"{kind}: {why}"[:MAX_TEXT]
+
+
+def adaptation_kind(reason: str) -> Optional[str]:
+    """The kind (``warm_restart``, ``lr_decay``, ...) an adaptation's reason starts with; None when it names
+    none of ``hpc_agent.adaptive.KINDS`` (the job wrote the text: nothing else of it is echoed)."""
+    from hpc_agent.adaptive import KINDS
+
+    kind = str(reason or "").split(":", 1)[0]
+    return kind if kind in KINDS else None
+
+
 def encode(decision: InJobDecision) -> str:
     """One journal line (checked by :func:`parse_line`, so the job never writes a line the watcher skips)."""
     line = json.dumps(decision.to_dict(), sort_keys=True, allow_nan=False) + "\n"

@@ -4,8 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
-from hpc_agent.adaptive import KINDS as ADAPTATION_KINDS
-from hpc_agent.in_job import ADAPT_ACTION
+from hpc_agent.in_job import ADAPT_ACTION, adaptation_kind
 
 NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
 # The watcher's notices about a running attempt (hpc_agent.follow_hang): it asked for the stacks of a run
@@ -37,8 +36,8 @@ def event_label(record: Mapping[str, Any]) -> str:
     adaptation of the LR schedule its kind, ``adaptive: warm_restart``."""
     cause = str(record.get("cause") or (record.get("decision") or {}).get("cause") or record.get("action") or "?")
     if is_adaptation(record):
-        kind = str(record.get("reason") or "").split(":", 1)[0]
-        return f"{cause}: {kind}" if kind in ADAPTATION_KINDS else cause  # the job wrote the reason: known kinds only
+        kind = adaptation_kind(str(record.get("reason") or ""))
+        return f"{cause}: {kind}" if kind else cause
     diff = record.get("config_diff") or {}
     changes = [f"{_short_key(k)} {_fmt(v.get('from'))}→{_fmt(v.get('to'))}"
                for k, v in sorted(diff.items()) if isinstance(v, Mapping)]

@@ -216,7 +216,7 @@ class InJobRecovery:
         line = in_job.encode(in_job.InJobDecision(
             self.seq, self.job_id, self.attempt, adaptation.step, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None,
             tuple(json.dumps(p) for p in pairs), time.time(), self.left,
-            f"{adaptation.kind}: {adaptation.reason}"[:in_job.MAX_TEXT]))
+            in_job.adaptation_reason(adaptation.kind, adaptation.reason)))
         _append_synced(rundir.in_job_journal_path(self.run_dir), line)
 
     def restarted_at(self, step: int, tb: Any) -> None:

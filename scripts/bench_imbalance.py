@@ -112,7 +112,7 @@ def train_with_trainer(cfg, work_dir: Path, threads: int = 1, timeout: float = 9
     decisions, problems = in_job.read(run_dir)
     if problems:
         raise RuntimeError(f"{run_dir}: in-job journal: {problems}")
-    metrics["adaptations"] = [f"{d.reason.split(':')[0]}@{d.step}" for d in decisions
+    metrics["adaptations"] = [f"{in_job.adaptation_kind(d.reason)}@{d.step}" for d in decisions
                               if d.action == in_job.ADAPT_ACTION]
     metrics["repairs"] = [f"{d.cause}@{d.step}" for d in decisions if d.action != in_job.ADAPT_ACTION]
     metrics["seconds"] = time.perf_counter() - started

@@ -132,16 +132,15 @@ def markdown_table(result: Dict) -> str:
 
 # ---- measurement ------------------------------------------------------------------------------------------
 def gpu_name() -> str:
-    try:
-        import pynvml
+    """GPU 0's name from NVML (``hpc_agent.health``, the one NVML reader), else from CUDA (the same string)."""
+    from hpc_agent.health import read_gpus
 
-        pynvml.nvmlInit()
-        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        return name.decode() if isinstance(name, bytes) else name
-    except Exception:  # pynvml missing or NVML unusable: CUDA's name is the same string
-        import torch
+    readings, _ = read_gpus()
+    if readings:
+        return readings[0].name
+    import torch
 
-        return torch.cuda.get_device_name(0)
+    return torch.cuda.get_device_name(0)
 
 
 def train_config(spec: Dict, mode: str, ckpt: bool, mbs: int, precision: str, on_cuda: bool):

@@ -345,3 +345,17 @@ def test_a_real_spike_after_the_history_was_cut_is_still_found(tmp_path):
     found = [(s, f) for s, v in series if (f := recovery.observe(s, v, None, 1.0))]
     step, fault = found[0]
     assert (step, fault.kind, fault.divergence_step) == (1002, "loss_spike", 1001)  # the detector's patience: 2
+
+
+@pytest.mark.parametrize("reason, kind", [
+    (in_job.adaptation_reason("warm_restart", "train plateau: best 2.49"), "warm_restart"),
+    (in_job.adaptation_reason("lr_decay", "gradient norm 96 > 10 x median"), "lr_decay"),
+    ("escalate_rollback", "escalate_rollback"),
+    ("\x1b[2Jsomething: else", None), ("", None), ("warm_restarts: typo", None),
+])
+def test_an_adaptations_kind_is_read_back_from_its_reason(reason, kind):
+    assert in_job.adaptation_kind(reason) == kind
+
+
+def test_an_adaptation_reason_is_clipped_to_the_journal_limit():
+    assert len(in_job.adaptation_reason("lr_decay", "x" * (2 * in_job.MAX_TEXT))) == in_job.MAX_TEXT

@@ -23,7 +23,7 @@ def adaptations(run_dir):
     past the step it resumed from are made again by the resumed attempt)."""
     decisions, problems = in_job.read(run_dir)
     assert problems == []
-    return sorted({(d.step, d.reason.split(":", 1)[0]) for d in decisions if d.action == in_job.ADAPT_ACTION})
+    return sorted({(d.step, in_job.adaptation_kind(d.reason)) for d in decisions if d.action == in_job.ADAPT_ACTION})
 
 
 def check_adaptations(mode, straight_dir, resumed_dir, resumed_from):
