@@ -41,6 +41,11 @@ REPAIR, EXIT, CONTINUE = "repair", "exit", "continue"
 FAILED_BIT = 1 << 16  # above every signal number
 HISTORY = 200  # loss points kept for the detector
 WINDOW = 50  # the detector's trailing window
+JUDGED_EACH_STEP = 10
+"""Loss points judged at each step, after their ``WINDOW`` points of context. A point's trailing window never
+changes once it is logged, and every older point was judged at its own step, so judging the newest few (at least
+the detector's ``spike_patience``, 2) finds the same new alarm as judging the whole history: at ~0.1 ms a step
+instead of ~3.7 ms (200 points), which was 3 % of a 0.12 s step outside the step's own time (P2's ETTR)."""
 JUDGED_KINDS = (NAN_LOSS, LOSS_SPIKE, LOSS_SCALE_COLLAPSE)
 SPIKE_REL_FLOOR = 0.05
 """The detector's noise floor as a fraction of the trailing median when the job acts on a spike (its default,
@@ -168,8 +173,10 @@ class InJobRecovery:
             self.losses, self.cut = self.losses[-HISTORY:], True
         if scale is not None:
             self.scales = (self.scales + [(step, scale)])[-HISTORY:]
-        return divergence_fault(self.losses, self.scales, step, min_loss_scale, judge_trends=self.left > 0,
-                                cut=self.cut)
+        losses, cut = self.losses, self.cut
+        if len(losses) > WINDOW + JUDGED_EACH_STEP:  # only the newest points can start a new alarm
+            losses, cut = losses[-(WINDOW + JUDGED_EACH_STEP):], True
+        return divergence_fault(losses, self.scales, step, min_loss_scale, judge_trends=self.left > 0, cut=cut)
 
     def oom_fault(self, step: int, message: str) -> Fault:
         """Every rank reaches this after :func:`agree`: the failing ranks' messages are gathered, so every

@@ -179,3 +179,18 @@ def test_context_points_only_fill_the_window():
     norms = [(s, 100.0 if s in (15, 16, 17, 45, 46, 47) else 1.0) for s in range(1, 61)]
     assert [a.step for a in detect([], norms) if a.kind == GRAD_EXPLOSION] == [15]
     assert [a.step for a in detect([], norms, context_points=20) if a.kind == GRAD_EXPLOSION] == [45]
+
+
+def test_statistics_are_computed_only_where_points_are_judged():
+    """_trailing_median_mad(start=): context points get no statistics (NaN), the rest the same values."""
+    import numpy as np
+
+    from hpc_agent.metrics.divergence import _trailing_median_mad
+
+    v = np.asarray([2.0 + 0.1 * ((7 * i) % 5) for i in range(130)])
+    full_med, full_mad = _trailing_median_mad(v, 50, 10, with_mad=True)
+    for start in (0, 5, 30, 50, 77, 129, 200):
+        med, mad = _trailing_median_mad(v, 50, 10, with_mad=True, start=start)
+        assert np.isnan(med[:start]).all() and np.isnan(mad[:start]).all()
+        np.testing.assert_array_equal(med[start:], full_med[start:])
+        np.testing.assert_array_equal(mad[start:], full_mad[start:])

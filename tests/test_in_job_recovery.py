@@ -359,3 +359,37 @@ def test_an_adaptations_kind_is_read_back_from_its_reason(reason, kind):
 
 def test_an_adaptation_reason_is_clipped_to_the_journal_limit():
     assert len(in_job.adaptation_reason("lr_decay", "x" * (2 * in_job.MAX_TEXT))) == in_job.MAX_TEXT
+
+
+def _with_spikes(seed, n, at, height):
+    series = _noisy_healthy_loss(seed, n)
+    return [(s, v * height if s in at else v) for s, v in series]
+
+
+@pytest.mark.parametrize("seed, spikes", [
+    (0, ()), (1, (300, 301)), (3, (120, 121, 122)), (5, (70, 71)), (6, (260, 261, 700, 701)), (7, (999,)),
+])
+def test_judging_only_the_newest_points_finds_what_the_whole_kept_history_finds(tmp_path, seed, spikes):
+    """observe judges the newest JUDGED_EACH_STEP points after WINDOW points of context (not the whole kept
+    history, ~3.7 ms a step). A point's trailing window never changes once logged, so step by step it must
+    reach the verdicts that judging the whole kept history reached (with the cut history's context rule),
+    spikes early (inside the first HISTORY steps), late and never finished (a one-point blip) included."""
+    from launch.recovery import HISTORY, WINDOW
+
+    series = _with_spikes(seed, 1000, set(spikes), 12.0)
+    recovery, history, cut = _recovery(tmp_path), [], False
+    verdicts_new, verdicts_old = [], []
+    for step, value in series:
+        history.append((step, value))
+        if len(history) > HISTORY:
+            history, cut = history[-HISTORY:], True
+        old = divergence_fault(history, [], step, 1.0, True, cut=cut)
+        new = recovery.observe(step, value, None, 1.0)
+        verdicts_old.append(old and (step, old.kind, old.divergence_step))
+        verdicts_new.append(new and (step, new.kind, new.divergence_step))
+        if old or new:  # the job repairs (and forgets what it rolled back) at the first verdict
+            break
+    assert verdicts_new == verdicts_old
+    fired = [v for v in verdicts_new if v]
+    assert (fired[0][2] if fired else None) == (spikes[0] if len(spikes) >= 2 else None)
+    assert len(recovery.losses) <= HISTORY and WINDOW < HISTORY
