@@ -13,6 +13,7 @@ import difflib
 import functools
 import os
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -68,9 +69,12 @@ def _describe_type(tp: Any) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
-def _field_types(cls: type) -> Dict[str, Any]:
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> Mapping[str, Any]:
+    """A section's field types, resolved once per class: ``get_type_hints`` evaluates every annotation string
+    anew (0.6 ms a call, once per key of a layer: 0.15 s of each job start-up's config load, P1)."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return types.MappingProxyType({f.name: hints[f.name] for f in dataclasses.fields(cls)})
 
 
 def _key_problem(path: str, value: Any) -> Problem:
