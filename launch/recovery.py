@@ -44,7 +44,7 @@ WINDOW = 50  # the detector's trailing window
 JUDGED_EACH_STEP = 10
 """Loss points judged at each step, after their ``WINDOW`` points of context. A point's trailing window never
 changes once it is logged, and every older point was judged at its own step, so judging the newest few (at least
-the detector's ``spike_patience``, 2) finds the same new alarm as judging the whole history: at ~0.1 ms a step
+the detector's ``spike_patience``, 2) finds the same new alarm as judging the whole history: at ~0.2 ms a step
 instead of ~3.7 ms (200 points), which was 3 % of a 0.12 s step outside the step's own time (P2's ETTR)."""
 JUDGED_KINDS = (NAN_LOSS, LOSS_SPIKE, LOSS_SCALE_COLLAPSE)
 SPIKE_REL_FLOOR = 0.05
