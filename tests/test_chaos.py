@@ -348,3 +348,55 @@ def test_chaos_cli_imports_no_torch():
             "main(['--print-schedule']); assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- attribution of a recovery to the watcher's event ----------------------------------------------------
+class _FakeTarget:
+    """progress() and events() as a run directory shows them, changed by the test between polls."""
+
+    def __init__(self):
+        self.name, self.watcher = "watcher", None
+        self.progress_now = Progress((Segment(0, 1, 40),), False)
+        self.events_now = [{"cause": "preempted", "decision": {"action": "expedite"}}]  # before the injection
+
+    def progress(self):
+        return self.progress_now
+
+    def events(self):
+        return list(self.events_now)
+
+
+def test_an_in_job_repair_is_attributed_to_the_event_the_watcher_writes_after_training_went_on(monkeypatch):
+    """The job repairs a NaN and trains on before the watcher's next poll copies its journal line into
+    events.jsonl: the record stays open (up to ATTRIBUTION_WAIT_S) for that event, and its recovery time is
+    the moment training went on, not the moment the event arrived."""
+    from hpc_agent.chaos import driver as chaos_driver
+    from hpc_agent.chaos.driver import ATTRIBUTION_WAIT_S, ChaosDriver, _Open
+
+    clock = [1000.0]
+    monkeypatch.setattr(chaos_driver.time, "time", lambda: clock[0])
+    target, said = _FakeTarget(), []
+    chaos = ChaosDriver([target], [], duration_s=60, out=said.append, slurm=object())
+    rec = FaultRecord("nan", "watcher", 30.0)
+    chaos.open.append(_Open(rec, target, target.progress(), injected=1000.0, events_seen=1))
+    clock[0] = 1004.0  # rolled back to step 30 and trained on: recovered, but no event yet
+    target.progress_now = Progress((Segment(0, 1, 40), Segment(0, 31, 45)), False)
+    chaos._follow_recoveries()
+    assert chaos.open and rec.recovered and rec.recovery_s == 4.0 and rec.detected_cause is None
+    clock[0] = 1007.0  # the watcher's poll copied the job's journal line
+    target.events_now.append({"cause": "diverged", "action": "in_job_repair"})
+    chaos._follow_recoveries()
+    assert not chaos.open
+    assert (rec.detected_cause, rec.decision, rec.recovery_s, rec.steps_lost) == ("diverged", "in_job_repair", 4.0, 10)
+    assert said[-1].endswith("recovered in 4.0s, cause diverged, decision in_job_repair, steps lost 10")
+
+    # without a watcher's event the record is closed ATTRIBUTION_WAIT_S after the recovery, unattributed
+    rec2 = FaultRecord("gpu_oom", "watcher", 60.0)
+    chaos.open.append(_Open(rec2, target, target.progress(), injected=1100.0, events_seen=len(target.events())))
+    clock[0] = 1103.0
+    target.progress_now = Progress((Segment(0, 1, 40), Segment(0, 31, 45), Segment(0, 41, 60)), False)
+    chaos._follow_recoveries()
+    assert chaos.open and rec2.recovery_s == 3.0
+    clock[0] = 1103.0 + ATTRIBUTION_WAIT_S + 0.5
+    chaos._follow_recoveries()
+    assert not chaos.open and rec2.detected_cause is None and rec2.recovery_s == 3.0

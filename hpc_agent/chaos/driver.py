@@ -25,6 +25,11 @@ from hpc_agent.chaos.schedule import (CTLD_RESTART, INTERRUPTING, KILL_DURING_SA
 from hpc_agent.slurm.cli import SlurmCLI
 
 STALL_S = 30.0  # a target whose last logged step has not moved for this long is not training
+ATTRIBUTION_WAIT_S = 20.0
+"""How long a recovered fault stays open for the event that says what was done about it. A repair made inside the
+job (GPU OOM, NaN) is trained past before the watcher copies the job's journal line into ``events.jsonl`` at its
+next poll: closed at once, the report read "cause -, decision -" for one of the two in-job repairs of P2's runs 4
+and 5, at random. The recovery time is still taken when training went on."""
 _JOB_LOG = re.compile(r"^(\d+)_0_log\.out$")
 
 
@@ -69,6 +74,11 @@ def submit_run(root: Path, config: str, overrides: Sequence[str]) -> Path:
         raise RuntimeError(f"submit failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
     (run_dir,) = [p for p in root.iterdir() if p.is_dir() and p.name not in before]
     return run_dir
+
+
+def _attribution(event: Dict) -> tuple:
+    """(cause, decision) of a watcher event: a decision's action, or an in-job journal line's action."""
+    return event["cause"], (event.get("decision") or {}).get("action") or event.get("action")
 
 
 @dataclass
@@ -129,7 +139,12 @@ class ChaosDriver:
             for t in self.targets:
                 self.records.append(FaultRecord(fault.kind, t.name, fault.at_s, note="not injected: time ran out"))
         for o in self.open:
-            o.record.note = o.record.note or "no new attempt trained before the run's time was up"
+            if o.record.recovered:  # still waiting for its event: what the watcher has written by now
+                acted = self._acted(o)
+                if acted:
+                    o.record.detected_cause, o.record.decision = _attribution(acted[0])
+            else:
+                o.record.note = o.record.note or "no new attempt trained before the run's time was up"
             self._restore_node(o)
         return [self._summary(t, time.time()) for t in self.targets]
 
@@ -241,17 +256,24 @@ class ChaosDriver:
                 pair = recovered_segment(o.before, now)
                 rec.steps_lost = steps_lost(*pair) if pair else 0
                 rec.recovered = True
-            rec.recovery_s = round(time.time() - o.injected, 1)
+            if rec.recovery_s is None:
+                rec.recovery_s = round(time.time() - o.injected, 1)
+            if (rec.kind not in (CTLD_RESTART, WATCHER_KILL) and not self._acted(o)
+                    and time.time() - o.injected < rec.recovery_s + ATTRIBUTION_WAIT_S):
+                continue
             self._close(o, now)
+
+    @staticmethod
+    def _acted(o: _Open) -> List[Dict]:
+        """The events since the injection that record a cause and what was decided about it."""
+        fresh = o.target.events()[o.events_seen:]
+        return [e for e in fresh if e.get("cause") and ("decision" in e or "action" in e)]
 
     def _close(self, o: _Open, now: Progress) -> None:
         rec = o.record
-        fresh = o.target.events()[o.events_seen:]
-        acted = [e for e in fresh if e.get("cause") and ("decision" in e or "action" in e)]
+        acted = self._acted(o)
         if acted:
-            first = acted[0]
-            rec.detected_cause = first["cause"]
-            rec.decision = (first.get("decision") or {}).get("action") or first.get("action")
+            rec.detected_cause, rec.decision = _attribution(acted[0])
         elif rec.kind in (CTLD_RESTART, WATCHER_KILL) and rec.recovered:
             rec.detected_cause, rec.decision = "none needed", "none"
         self._restore_node(o)
