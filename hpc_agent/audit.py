@@ -19,7 +19,8 @@ import os
 import socket
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-ACTIONS = ("submit", "requeue", "expedite", "resubmit", "exclude", "cancel", "release", "request_stacks", "release_lease")
+ACTIONS = ("submit", "requeue", "expedite", "resubmit", "exclude", "cancel", "release", "request_stacks", "release_lease",
+           "adopt")
 PROCESSES = ("watcher", "sweep", "submit")
 NOT_ACTIONS = ("notify", "await_end")  # effects that change nothing outside our own log: no action record
 

@@ -166,6 +166,33 @@ def _resubmit(ctx: Context, run: Run, e: EffectRow) -> str:
     return f"submitted as job {job_id}"
 
 
+def _adopt(ctx: Context, run: Run, e: EffectRow) -> str:
+    """The run follows the successor job its job submitted at a preemption (hpc_agent/handback.py): a submission
+    row with that job id, intent and job id in one transaction, so the next tick's sacct asks for it. Run twice
+    (a crash before the journal marked it done), it finds the row and does nothing."""
+    successor = str(e.args["successor"])
+    subs = ctx.ledger.submissions(run.run_id)
+    if any(s.job_id == successor for s in subs):
+        return f"already following job {successor}"
+    latest = subs[-1] if subs else None
+    executor = latest.executor if latest is not None else ctx.executor
+    config_path = latest.config_path if latest is not None else str(rundir.config_path(Path(run.run_dir)))
+    with ctx.ledger.transaction():
+        sub_id = ctx.ledger.record_intent(run.run_id, executor, config_path,
+                                          reason=f"successor of job {e.job_id}, submitted by it at its preemption")
+        ctx.ledger.record_submitted(sub_id, successor)
+    crash_point("after_adopt")
+    try:  # run.json is for people and review (its job ids, its logs); the ledger has the truth
+        from hpc_agent.submission import update_run_json
+
+        run_dir = Path(run.run_dir)
+        update_run_json(run_dir, run.run_id, executor, successor, Path(config_path), rundir.load_config(run_dir))
+    except Exception as exc:  # noqa: BLE001 - see above
+        ctx.say(run.run_id, f"run.json not updated for job {successor} ({exc})")
+    ctx.say(run.run_id, f"following job {successor}, the successor job {e.job_id} submitted at its preemption")
+    return f"following job {successor}"
+
+
 def settle_intent(ctx: Context, run: Run, sub: Submission) -> Optional[str]:
     """An intent without a job id: the job id Slurm has for it, or None after marking it abandoned (Slurm
     has no job under the run's name and the intent is older than any sbatch in flight). Raises Retry while
@@ -195,7 +222,7 @@ def settle_intent(ctx: Context, run: Run, sub: Submission) -> Optional[str]:
 
 _HANDLERS = {"requeue": _requeue, "expedite": _expedite, "exclude": _exclude, "cancel": _cancel,
              "notify": _notify, "resubmit": _resubmit, "request_stacks": _request_stacks, "await_end": _await_end,
-             "release_lease": _release_lease}
+             "release_lease": _release_lease, "adopt": _adopt}
 
 
 class Carrier:

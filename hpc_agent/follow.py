@@ -21,9 +21,9 @@ from hpc_agent.diagnosis.logscan import gpu_capacity_bytes
 from hpc_agent.follow_hang import config_value as _get
 from hpc_agent.follow_hang import open_suspicion, running
 # The core's values are re-exported: callers import the core and its data from one place.
-from hpc_agent.follow_model import (AWAIT_END, CANCEL, EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY,  # noqa: F401
+from hpc_agent.follow_model import (ADOPT, AWAIT_END, CANCEL, EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY,  # noqa: F401
                                     RELEASE_LEASE, REQUEUE_EFFECT, RESUBMIT_EFFECT, STACKS, Effect, Exclude, Expedite,
-                                    Live, Notify, Observation, Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState,
+                                    Adopt, Cancel, Live, Notify, Observation, Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState,
                                     Suspicion, Wants)
 from hpc_agent.lifecycle import Action, Event, EventKind, Phase, transition
 from hpc_agent.policy import (DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation,
@@ -102,6 +102,8 @@ def follow(state: RunState, obs: Observation, limits: PolicyLimits = PolicyLimit
         return Outcome(state.phase)
     if state.phase is Phase.RECOVERING:
         return _recovering(state, obs)
+    if obs.successor and obs.attempts[-1].state not in RUNNING_STATES and state.phase in (Phase.RUNNING, Phase.PENDING):
+        return _handed_over(state, obs.successor)
     attempts, index = _effective(state, obs)
     latest = attempts[-1]
     if latest.state in RUNNING_STATES:
@@ -120,6 +122,19 @@ def follow(state: RunState, obs: Observation, limits: PolicyLimits = PolicyLimit
     if index in state.decided:
         return Outcome(state.phase)
     return _ended(state, attempts, obs, limits)
+
+
+def _handed_over(state: RunState, successor: str) -> Outcome:
+    """The job submitted its successor at a preemption and requeued itself held (hpc_agent/handback.py):
+    follow the successor from now on, and cancel the held job (it never starts by itself). Checked before
+    the attempt's end is judged: the held job must not be expedited, nor its cancel read as a person's."""
+    phase, _ = transition(state.phase, Event(EventKind.HANDED_OVER, state.job_id))
+    reason = (f"job {state.job_id} handed over to job {successor} at its preemption (checkpoint saved, successor "
+              f"queued, job {state.job_id} requeued held): following job {successor}, cancelling held job {state.job_id}")
+    record = {"job_id": state.job_id, "action": "handed_over", "cause": "preempted", "reason": reason,
+              "evidence": {"successor": successor}}
+    return Outcome(phase, effects=(Adopt(state.job_id, successor), Cancel(state.job_id)), audit=(record,),
+                   lines=(reason,))
 
 
 def _to(state: RunState, event: Event) -> Outcome:

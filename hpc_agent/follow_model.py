@@ -34,6 +34,7 @@ class Effect:
 REQUEUE_EFFECT, EXPEDITE, RESUBMIT_EFFECT, EXCLUDE, CANCEL, NOTIFY = (
     "requeue", "expedite", "resubmit", "exclude", "cancel", "notify")
 STACKS, AWAIT_END, RELEASE_LEASE = "request_stacks", "await_end", "release_lease"
+ADOPT = "adopt"
 
 
 def Requeue(job_id: str) -> Effect:  # noqa: N802 - effect constructors read like the data they build
@@ -72,6 +73,10 @@ def AwaitEnd(job_id: str) -> Effect:  # noqa: N802 - done once squeue no longer 
 
 def ReleaseLease(job_id: str) -> Effect:  # noqa: N802 - the ended job's run lease, moved aside if it still holds it
     return Effect(RELEASE_LEASE, job_id)
+
+
+def Adopt(job_id: str, successor: str) -> Effect:  # noqa: N802 - the run follows ``successor`` from now on
+    return Effect(ADOPT, job_id, {"successor": successor})
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,8 @@ class Observation:
     placement: Any = "?"
     """The partitions' facts for a decision that may move the run (``placement.mode`` auto): a tuple of
     ``placement_facts.PartitionFacts``, ``()`` when they could not be gathered, NOT_ASKED until asked."""
+    successor: Optional[str] = None
+    """For an attempt that is no longer running: the job id it handed over to (``hpc_agent.handback``), if any."""
 
 
 NOT_ASKED = "?"

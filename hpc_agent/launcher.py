@@ -165,9 +165,9 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
         # $HPC_AGENT_RUN_DIR) and before the snapshot's PYTHONPATH line (so a venv's activate cannot hide it).
         "setup": render_lines(template.setup, values) + activation_lines(cfg)
         + render_lines(code_snapshot.setup_lines(cfg), values)
-        + batch_setup_lines(),
+        + batch_setup_lines(str(rundir.slurm_dir(run_dir)) if cfg.resilience.successor_on_preempt else None),
         "srun_args": render_args(template.srun_args, values),
-        "teardown": batch_teardown_lines(),  # requeue after a signal's checkpoint, once the step ended
+        "teardown": batch_teardown_lines(cfg.resilience.successor_on_preempt),  # requeue after a signal's checkpoint, once the step ended
     }
     containers.check_srun_args(cfg, containers.template_name(cfg), params["srun_args"])
     for name in ("partition", "account", "qos", "constraint", "exclude", "mem"):

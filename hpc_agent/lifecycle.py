@@ -47,6 +47,7 @@ class EventKind(str, Enum):
     CANCELLED = "cancelled"            # we cancelled it on purpose (a pruned sweep trial): never requeue
     UNFOLLOWABLE = "unfollowable"      # observing or deciding this run failed; park it, follow the others
     RESUMED = "resumed"                # a person cleared needs_attention (``watch --resume-run``)
+    HANDED_OVER = "handed_over"        # the job submitted its successor at a preemption: follow that job now
 
 
 class Action(str, Enum):
@@ -109,6 +110,10 @@ EDGES: Dict[Tuple[Phase, EventKind, Optional[Action]], Phase] = {
     (Phase.RECOVERING, EventKind.QUEUED, None): Phase.RECOVERING,
     (Phase.RECOVERING, EventKind.ENDED, Action.STOP): Phase.STOPPED,  # e.g. budget spent while retrying
     (Phase.NEEDS_ATTENTION, EventKind.RESUMED, None): Phase.PENDING,  # the next tick looks at sacct afresh
+    # The job handed over to a successor job (hpc_agent/handback.py): the run follows that job, queued or not yet
+    # seen running.
+    (Phase.PENDING, EventKind.HANDED_OVER, None): Phase.PENDING,
+    (Phase.RUNNING, EventKind.HANDED_OVER, None): Phase.PENDING,
 }
 # A run whose job id is recorded but whose phase still says submitting (submit died between the two
 # writes) is followed like a pending one.

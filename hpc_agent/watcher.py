@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, List, Optional
 from hpc_agent import effects, killswitch, observe, rundir
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.profile import sacct_json_quirk
-from hpc_agent.follow import NOT_ASKED, Live, Observation, Outcome, RunState, Suspicion, Wants, follow, wants
-from hpc_agent.handback import handing_back
+from hpc_agent.follow import NOT_ASKED, RUNNING_STATES, Live, Observation, Outcome, RunState, Suspicion, Wants, follow, wants
+from hpc_agent.handback import handing_back, read_successor
 from hpc_agent.in_job import InJobIngest
 from hpc_agent.job_match import Claim, own_attempts
 from hpc_agent.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
@@ -248,7 +248,9 @@ class Watcher:
             self._scalars[run.run_id] = scalars
             files = observe.read_files(Path(run.run_dir), state.job_id, scalars)
         live = self._live(run, state, attempts[-1], want.stacks) if want.live else None
-        outcome = follow(state, Observation(tuple(attempts), queue, files, live), self.limits)
+        # Did the job hand over to a successor (hpc_agent/handback.py)? One lstat, only once it stopped running.
+        successor = None if attempts[-1].state in RUNNING_STATES else read_successor(run.run_dir, state.job_id)
+        outcome = follow(state, Observation(tuple(attempts), queue, files, live, successor=successor), self.limits)
         if want in (Wants(), Wants(live=True)) and not outcome.ask_queue and outcome == Outcome(state.phase):
             # A running attempt's verdict can change only as its heartbeats do: look again after half a heartbeat
             # (half: a tick period equal to heartbeat_s must not skip every other look), a minute when its
@@ -261,10 +263,11 @@ class Watcher:
         self._quiet.pop(run.run_id, None)
         if outcome.ask_queue:
             queue = queue_state(self.slurm, state.job_id)
-            outcome = follow(state, Observation(tuple(attempts), queue, files, live), self.limits)
+            outcome = follow(state, Observation(tuple(attempts), queue, files, live, successor=successor), self.limits)
         if outcome.ask_placement is not None and files is not None:
             facts = self._placement_facts(run.run_id, files.config, outcome.ask_placement)
-            outcome = follow(state, Observation(tuple(attempts), queue, files, live, facts), self.limits)
+            outcome = follow(state, Observation(tuple(attempts), queue, files, live, successor=successor,
+                                                placement=facts), self.limits)
         if outcome.wait_note is not None and (state.job_id, outcome.wait_note) in self._said_wait:
             return  # say it once, not every tick
         if outcome.wait_note is not None:

@@ -131,20 +131,11 @@ def _run(argv: List[str]) -> str:
     return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
 
 
-def _wait(predicate, timeout: float, what: str, interval: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"no {what} within {timeout:.0f} s")
-
-
 def trial(path: str, work: Path, hold_s: int, log_path: Path) -> dict:
     from bench_recovery import _lines_since, cluster_idle
+    from tests.slurm_helpers import wait_for
 
-    _wait(cluster_idle, 120, "idle cluster", interval=0.5)
+    wait_for(cluster_idle, 120, interval=0.5, what="an idle cluster")
     log = work / f"{path}-victim.log"
     succ_file = work / f"{path}-successor.id"
     for stale in (log, succ_file):  # the same names serve every trial of a path
@@ -154,24 +145,25 @@ def trial(path: str, work: Path, hold_s: int, log_path: Path) -> dict:
     victim = _run(["sbatch", "--parsable", str(script)]).split(";")[0]
     preemptor = continuation = None
     try:
-        _wait(lambda: log.exists() and "victim started" in log.read_text(), 60, "victim start")
+        wait_for(lambda: log.exists() and "victim started" in log.read_text(), 60, interval=0.05, what="victim start")
         node = _run(["squeue", "-h", "-j", victim, "-o", "%N"])
         time.sleep(SETTLE_S)
         offset = log_path.stat().st_size
         preemptor = _run(["sbatch", "--parsable", "--partition=high", "--nodes=1", f"--nodelist={node}",
                           "--ntasks-per-node=2", "--output=/dev/null", f"--wrap=sleep {hold_s}"]).split(";")[0]
         if path.startswith("requeue_expedite"):
-            _wait(lambda: _run(["squeue", "-h", "-j", victim, "-o", "%T"]) == "PENDING", 30, "requeued victim")
+            wait_for(lambda: _run(["squeue", "-h", "-j", victim, "-o", "%T"]) == "PENDING", 30, interval=0.05,
+                     what="requeued victim")
             if path == "requeue_expedite_late":
                 time.sleep(LATE_S)
             _run(["scontrol", "update", f"JobId={victim}", "StartTime=now"])
             continuation = victim
         else:
-            continuation = _wait(lambda: succ_file.exists() and succ_file.read_text().strip().split(";")[0], 30,
-                                 "successor id")
+            continuation = wait_for(lambda: succ_file.exists() and succ_file.read_text().strip().split(";")[0], 30,
+                                    interval=0.05, what="successor id")
         pattern = re.compile(rf"(Allocate|Started) JobId={continuation}\b")
-        _wait(lambda: any(pattern.search(line) for line in _lines_since(log_path, offset)), 30,
-              "continuation allocated", interval=0.1)
+        wait_for(lambda: any(pattern.search(line) for line in _lines_since(log_path, offset)), 30, interval=0.1,
+                 what="continuation allocated")
         times = ctld_times(_lines_since(log_path, offset), victim, preemptor, continuation)
     finally:
         _run(["scancel"] + [j for j in (victim, preemptor, continuation) if j])
@@ -197,7 +189,7 @@ def main() -> int:
                 for path in [p for p in args.paths.split(",") if p]:
                     try:
                         result = trial(path, Path(tmp), args.hold, SLURMCTLD_LOG)
-                    except TimeoutError as exc:  # one stuck trial is reported, not fatal to the others
+                    except AssertionError as exc:  # wait_for's timeout  # one stuck trial is reported, not fatal to the others
                         result = {"path": path, "error": str(exc), "offsets_s": {}}
                     result["trial"] = index
                     trials.append(result)

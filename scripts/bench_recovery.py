@@ -10,7 +10,9 @@ in the preemptable partition; a job in the high partition that needs every CPU o
 ``--hold`` seconds (>= 15) preempts it, so the resumed attempt must start on the other node. The clock runs
 from the preemptor's submission to the first step logged by the resumed attempt. "native" relies on Slurm's
 own requeue (eligible again 121 s later); "watcher" runs ``python -m hpc_agent.watch``, which expedites the
-requeued job. Both modes run in the same session, alternating, so the ratio is measured under the same load.
+requeued job; "successor" is the watcher mode with ``resilience.successor_on_preempt`` on: the job hands over to
+a successor job it submits at the signal (hpc_agent/handback.py; ``--modes successor,watcher,native``). The
+modes run in the same session, alternating, so the ratios are measured under the same load.
 A native trial takes ~130 s: ``--native-trials N`` runs native only in the first N rounds, and
 ``--reuse-native OLD.json`` adds the native trials of an earlier results file to the native figures (marked
 ``reused_from`` in the JSON; the summary then says how many trials are fresh and how many reused).
@@ -230,7 +232,13 @@ def _lines_since(path: Path, offset: int) -> List[str]:
         return handle.read().splitlines()
 
 
+SIDE = {"successor": ("resilience.successor_on_preempt=true",)}
+"""Config overrides per mode: ``successor`` is the watcher mode with the job's hand-over to a successor job
+(hpc_agent/handback.py) on."""
+
+
 def trial(mode: str, index: int, work: Path, interval: float, partition: str, hold_s: int) -> dict:
+    from hpc_agent.handback import read_successor
     from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, job_nodes, last_step, log_text,
                                      preempt_node, submit, wait_for)
 
@@ -239,8 +247,9 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
     # KillWait (30 s), and a preemptor may still hold its node.
     wait_for(cluster_idle, 120, interval=0.5, what="an idle cluster before the trial")
     run_dir, job = submit(root, *LONG_RUN, f"run.name={mode}{index}", "slurm.nodes=1", f"slurm.partition={partition}",
-                          "train.max_steps=100000", "train.ckpt_every=1000")
-    watcher = WatcherProcess(root, interval=interval) if mode == "watcher" else None
+                          "train.max_steps=100000", "train.ckpt_every=1000", *SIDE.get(mode, ()))
+    watcher = WatcherProcess(root, interval=interval) if mode in ("watcher", "successor") else None
+    successor = lambda: read_successor(run_dir, job)  # noqa: E731 - successor mode: the job that goes on
     preemptor = None
     try:
         wait_for(lambda: last_step(log_text(run_dir, job)) >= 20, 300, what="training to start")
@@ -249,7 +258,10 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
         ctld_offset = SLURMCTLD_LOG.stat().st_size if SLURMCTLD_LOG.exists() else 0
         slurmd_offsets = {p: p.stat().st_size for p in SLURMD_LOGS}
         seen = FirstSeen()
-        new_text = lambda: log_text(run_dir, job)[before:]  # noqa: E731 - only what the preemption caused
+        def new_text() -> str:  # only what the preemption caused: the rest of this job's log, and its successor's
+            succ = successor()
+            return log_text(run_dir, job)[before:] + ("\n" + log_text(run_dir, succ) if succ else "")
+
         seen.add("signal_seen", new_text, r"\[hpc_agent\] signal SIG")
         seen.add("self_requeue_seen", new_text, r"this attempt ends now")
         seen.add("rank_line_seen", new_text, r"^\[rank 0/")
@@ -268,13 +280,20 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
         wait_for(resumed_step, 600, interval=POLL_S, what="the first resumed step")
         t1 = time.time()
         latency = t1 - t0
-        resumed_node = job_nodes(job)
+        going_on = successor() or job
+        resumed_node = job_nodes(going_on)
         milestones = {"preemptor_submitted": t0, "first_step_seen": t1, **seen.times}
         milestones.update(submitit_milestones(new_text(), since=t0))
         if SLURMCTLD_LOG.exists():
-            milestones.update(slurmctld_milestones(_lines_since(SLURMCTLD_LOG, ctld_offset), job, preemptor, since=t0))
+            lines = _lines_since(SLURMCTLD_LOG, ctld_offset)
+            milestones.update(slurmctld_milestones(lines, job, preemptor, since=t0))
+            if going_on != job:  # the successor's start is the restart
+                restarted = slurmctld_milestones(lines, going_on, preemptor, since=t0).get("job_restarted")
+                milestones.pop("job_restarted", None)
+                if restarted is not None:
+                    milestones["job_restarted"] = restarted
         milestones.update(slurmd_milestones([_lines_since(p, o) for p, o in slurmd_offsets.items()], job, since=t0))
-        steps = steps_redone(log_text(run_dir, job))
+        steps = steps_redone(log_text(run_dir, job) + ("\n" + log_text(run_dir, going_on) if going_on != job else ""))
     finally:
         if watcher:
             watcher.stop()
@@ -285,7 +304,8 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
           f"{steps['steps_redone']}", flush=True)
     for seg in breakdown(milestones):
         print(f"      {seg['seconds']:7.2f} s  {seg['from']} -> {seg['to']}", flush=True)
-    return {"mode": mode, "trial": index, "latency_s": round(latency, 2), "job_id": job, "preemptor_id": preemptor,
+    return {"mode": mode, "trial": index, "latency_s": round(latency, 2), "job_id": job, "successor_id": going_on
+            if going_on != job else None, "preemptor_id": preemptor,
             "partition": partition, "nodes_before": first_node, "nodes_after": resumed_node, **steps,
             "milestones": {k: round(v, 3) for k, v in milestones.items()}, "breakdown": breakdown(milestones)}
 
@@ -308,7 +328,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5, help="preemptions per mode (default 5)")
     parser.add_argument("--interval", type=float, default=1.0, help="the watcher's --interval (default 1 s)")
-    parser.add_argument("--modes", default="watcher,native", help="comma-separated modes (default watcher,native)")
+    parser.add_argument("--modes", default="watcher,native", help="comma-separated modes: watcher, successor, native (default watcher,native)")
     parser.add_argument("--native-trials", type=int, default=None,
                         help="native trials to run (default: --trials); they go in the first rounds")
     parser.add_argument("--reuse-native", default=None,
@@ -360,8 +380,9 @@ def main() -> int:
         if summary[mode]["fresh_trials"] and summary[mode]["reused_trials"]:
             summary[mode]["fresh_median_s"] = round(statistics.median(
                 r["latency_s"] for r in fresh if r["mode"] == mode), 2)
-    if "watcher" in summary and "native" in summary:
-        summary["speedup_native_over_watcher"] = round(summary["native"]["median_s"] / summary["watcher"]["median_s"], 1)
+    for mode in ("watcher", "successor"):
+        if mode in summary and "native" in summary:
+            summary[f"speedup_native_over_{mode}"] = round(summary["native"]["median_s"] / summary[mode]["median_s"], 1)
     out = {"benchmark": "recovery latency (preemption -> first resumed step)",
            "clock": "starts when the preempting job is submitted, stops when the resumed attempt's first step is logged",
            "scenario": f"1-node run in partition {args.partition} on the 2-node cluster; a high-partition job holds "

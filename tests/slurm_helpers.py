@@ -183,6 +183,24 @@ def preempt_node(node: str, seconds: int) -> str:
     return out.strip().split(";")[0]
 
 
+def preempt_after_step_20(run_dir: Path, job: str, hold_s: int = 25) -> Tuple[str, int]:
+    """Let the run train to step 20, preempt its node for ``hold_s`` seconds (:func:`preempt_node`), and wait for
+    the signal's checkpoint and the hand-back; returns the preempted node and the step the checkpoint saved
+    (nothing was trained after it)."""
+    import re
+
+    wait_for(lambda: last_step(log_text(run_dir, job)) >= 20, 180, what="step 20 of the low-priority run")
+    (node,) = job_nodes(job)
+    preempt_node(node, hold_s)
+    text = wait_for(lambda: (t := log_text(run_dir, job)) and "this attempt ends now" in t and t, 60,
+                    what="the signal checkpoint and the hand-back")
+    signal_line = re.search(r"\[hpc_agent\] signal SIGUSR2 at step (\d+): checkpoint (step_\d+) complete", text)
+    assert signal_line, text[-3000:]
+    saved = int(signal_line.group(1))
+    assert last_step(text[:signal_line.start()]) == saved  # nothing trained after the saved step
+    return node, saved
+
+
 def job_pids(job_id: str, first_attempt_only: bool = False) -> List[int]:
     """Every process on this host (all nodes of the localhost cluster) of the job: its environment names the
     job. The batch shell, srun and every rank count; slurmstepd (no job environment) does not. With

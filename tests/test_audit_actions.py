@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from hpc_agent import audit, effects
-from hpc_agent.follow_model import Cancel, Exclude, Expedite, Outcome, ReleaseLease, Requeue, RequestStacks, Resubmit
+from hpc_agent.follow_model import Adopt, Cancel, Exclude, Expedite, Outcome, ReleaseLease, Requeue, RequestStacks, Resubmit
 from hpc_agent.journal import Journal
 from hpc_agent.lifecycle import Phase
 from hpc_agent.review_plot import boundary_labels
@@ -31,6 +31,7 @@ CASES = {
     "cancel": ("running", lambda job: Cancel(job), False),
     "request_stacks": ("running", lambda job: RequestStacks(job), False),  # a hung job (tests/test_follow_hang.py)
     "release_lease": ("failed", lambda job: ReleaseLease(job), False),
+    "adopt": ("pending", lambda job: Adopt(job, "99999"), False),  # the job handed over to 99999 (handback.py)
 }
 ACTED = sorted(set(effects._HANDLERS) - set(audit.NOT_ACTIONS))
 

@@ -15,7 +15,7 @@ import pytest
 
 from hpc_agent.diagnose import read_tb_scalars
 from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, cleanup_jobs, first_attempt_pids, job_nodes,
-                                 last_step, log_text, preempt_node, states, submit, wait_for)
+                                 log_text, preempt_after_step_20, states, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 MAX_STEPS = 1500
@@ -35,15 +35,7 @@ def test_run_on_cancel_partition_resumes_on_the_other_node_with_no_step_lost(tmp
                           "resilience.in_job_retries=0")  # no in-job rollback (a spike on this tiny model) to redo steps
     watcher = WatcherProcess(root, interval=1.0)
     try:
-        wait_for(lambda: last_step(log_text(run_dir, job)) >= 20, 180, what="step 20 of the low-priority run")
-        (node,) = job_nodes(job)
-        preempt_node(node, 25)
-        text = wait_for(lambda: (t := log_text(run_dir, job)) and "this attempt ends now" in t and t, 60,
-                        what="the signal checkpoint and the hand-back")
-        signal_line = re.search(r"\[hpc_agent\] signal SIGUSR2 at step (\d+): checkpoint (step_\d+) complete", text)
-        assert signal_line, text[-3000:]
-        saved = int(signal_line.group(1))
-        assert last_step(text[:signal_line.start()]) == saved  # nothing trained after the saved step
+        node, saved = preempt_after_step_20(run_dir, job)
 
         # No rank, srun or batch shell of the preempted attempt outlives it (well inside GraceTime).
         wait_for(lambda: not first_attempt_pids(job), 15, interval=0.2,

@@ -1,0 +1,56 @@
+"""resilience.successor_on_preempt on the localhost cluster: at a preemption the job hands over to a successor
+job (hpc_agent/handback.py), which Slurm starts in the same scheduling pass as the preempting job, and the
+watcher follows the successor and cancels the held old job. The run must complete with every step exactly
+once, resumed from the signal's checkpoint on the other node, with no process of the preempted attempt left.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpc_agent import handback
+from hpc_agent.diagnose import read_tb_scalars
+from hpc_agent.ledger import Ledger
+from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, first_attempt_pids, job_nodes,
+                                 log_text, preempt_after_step_20, states, submit, wait_for)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+MAX_STEPS = 1500
+
+
+def test_a_preempted_run_hands_over_to_its_successor_and_completes(tmp_path):
+    root = tmp_path / "runs"
+    run_dir, job = submit(root, *LONG_RUN, "run.name=successor", "slurm.nodes=1", f"train.max_steps={MAX_STEPS}",
+                          "train.ckpt_every=100000", "resilience.in_job_retries=0",
+                          "resilience.successor_on_preempt=true")
+    watcher = WatcherProcess(root, interval=1.0)
+    try:
+        node, saved = preempt_after_step_20(run_dir, job)
+        new = wait_for(lambda: handback.read_successor(run_dir, job), 30, interval=0.2,
+                       what=f"job {job} to name its successor")
+        assert f"handed over to job {new}" in wait_for(lambda: (t := log_text(run_dir, job)) and "handed over" in t
+                                                        and t, 30, what="the batch shell's hand-over line")
+        wait_for(lambda: not first_attempt_pids(job), 15, interval=0.2,
+                 what=f"every process of job {job}'s preempted attempt to end")
+
+        wait_for(lambda: f"resumed at step {saved} " in log_text(run_dir, new), 90, what="the successor's resume")
+        assert job_nodes(new) != [node], "the preemptor holds the old node: the successor runs on the other one"
+        wait_for(lambda: states(new)[-1:] == ["COMPLETED"], 180, what="the successor to complete")
+        wait_for(lambda: "completed" in watcher.output(), 30, what="the watcher to see the run complete")
+        out = watcher.output()
+        assert f"following job {new}" in out, out[-3000:]
+        # The held old job was cancelled, never restarted: one attempt, then its held requeue, then cancelled.
+        assert states(job)[-1] == "CANCELLED" and "RUNNING" not in states(job)[1:], states(job)
+        ledger = Ledger.in_runs_root(root)
+        try:
+            assert [s.job_id for s in ledger.submissions(ledger.runs()[0].run_id)] == [job, new]
+        finally:
+            ledger.close()
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        assert any(e.get("action") == "handed_over" and e.get("evidence") == {"successor": new} for e in events)
+        steps = [s for s, _ in read_tb_scalars(run_dir / "tb")["train/loss"]]
+        assert sorted(steps) == list(range(1, MAX_STEPS + 1)), "every step exactly once: none lost, none twice"
+    finally:
+        watcher.stop()
+        cleanup_jobs(root)
