@@ -40,9 +40,9 @@ RUN = ["slurm.cpus_per_task=1", "slurm.time=02:00:00", "train.max_steps=1000000"
        "train.ckpt_every=150", "model.d_model=128", "model.n_layers=4", "model.seq_len=128"]
 NODES = {"watcher": "node2", "native": "node1"}  # excluded node per run: one run per node
 # What each side may do by itself. configs/chaos.yaml turns in-job repairs off (the chaos tests check the
-# watcher's own repairs); the toolkit's run gets them back, plus snapshots every 25 steps (~2 s here), which a
-# hand-written sbatch script does not have.
-SIDE = {"watcher": ["resilience.in_job_retries=2", "resilience.snapshot_every=25"],
+# watcher's own repairs); the toolkit's run gets them back, plus snapshots every 25 steps (~2 s here) and the
+# hand-over to a successor job at a preemption (hpc_agent/handback.py), which a hand-written sbatch script does not have.
+SIDE = {"watcher": ["resilience.in_job_retries=2", "resilience.snapshot_every=25", "resilience.successor_on_preempt=true"],
         "native": ["resilience.in_job_retries=0", "resilience.snapshot_every=0"]}
 MIX = ("preempt", "gpu_oom", "preempt", "nan", "preempt", "host_oom")
 
