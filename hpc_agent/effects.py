@@ -174,9 +174,8 @@ def _adopt(ctx: Context, run: Run, e: EffectRow) -> str:
     subs = ctx.ledger.submissions(run.run_id)
     if any(s.job_id == successor for s in subs):
         return f"already following job {successor}"
-    latest = subs[-1] if subs else None
-    executor = latest.executor if latest is not None else ctx.executor
-    config_path = latest.config_path if latest is not None else str(rundir.config_path(Path(run.run_dir)))
+    latest = subs[-1]  # the submission of the job that handed over: the successor runs the same script and config
+    executor, config_path = latest.executor, latest.config_path
     with ctx.ledger.transaction():
         sub_id = ctx.ledger.record_intent(run.run_id, executor, config_path,
                                           reason=f"successor of job {e.job_id}, submitted by it at its preemption")

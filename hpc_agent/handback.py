@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import stat
 from typing import List, Optional
 
 from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
@@ -155,20 +154,11 @@ def successor_path(run_dir, job_id: str) -> str:
 def read_successor(run_dir, job_id: str) -> Optional[str]:
     """The successor job id that job ``job_id`` handed over to, or None. The job wrote the file, so it is
     untrusted: a regular file (a link is not followed), a few bytes, one job number other than ``job_id``."""
-    path = successor_path(run_dir, job_id)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    from hpc_agent import rundir
+
+    try:  # a regular file, no link followed, at most MAX_MARKER_BYTES (else UnsafeFile, an OSError)
+        text = rundir.read_bounded(successor_path(run_dir, job_id), MAX_MARKER_BYTES)
     except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        text = os.read(fd, MAX_MARKER_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(text) > MAX_MARKER_BYTES:
         return None
     value = text.decode("ascii", "replace").strip()
     return value if _JOB_NUMBER.match(value) and value != str(job_id) else None
