@@ -101,6 +101,10 @@ def batch_teardown_lines(successor: bool = False) -> List[str]:
         f'exiting {code} for the watcher to resume" >&2',
         "    fi",
         "fi",
+        "# any other failure (a host OOM, a crash, a repair budget spent): the watcher acts now, not at its next tick",
+        f'if [ "$hpc_agent_rc" != 0 ] && [ "$hpc_agent_rc" != {code} ]; then',
+        wake_line(),
+        "fi",
         'exit "$hpc_agent_rc"',
     ]
 
@@ -168,7 +172,7 @@ def read_successor(run_dir, job_id: str) -> Optional[str]:
 WAKE_FILE = "watch.wake"
 """In the runs root (each run dir's parent). The batch shell touches it right after its requeue, so the watcher
 ends its sleep and expedites the requeued job within a fraction of a second instead of up to ``--interval``
-later. The watcher only compares its mtime (never reads it, never follows a link): a job can make it tick
+later; and when the training step failed any other way, so the watcher diagnoses and resubmits at once. The watcher only compares its mtime (never reads it, never follows a link): a job can make it tick
 early, nothing more."""
 FAST_POLL_S = 0.25
 """The watcher's interval while a run is between its requeue and its expedite (:func:`handing_back`)."""

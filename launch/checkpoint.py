@@ -121,11 +121,16 @@ def save(engine: Any, root: Path, step: int, client_state: Dict[str, Any], layou
         set_mode(tag_dir, dir_mode(group_of(root)))  # made by DeepSpeed under the umask
         if before_marker is not None:
             before_marker(step, tag_dir)
-        atomic_write_json(tag_dir / MARKER, {"version": MARKER_VERSION, "step": step, "tag": tag,
-                                             "files": files, "layout": layout, "written_at": time.time()})
-        _fsync_dir(tag_dir)
+        write_marker(tag_dir, step, files, layout)
     barrier()
     return tag, time.perf_counter() - start
+
+
+def write_marker(tag_dir: Path, step: int, files: Dict[str, int], layout: Dict[str, Any], **extra: Any) -> None:
+    """Write ``COMPLETE.json`` (the last file of a checkpoint or snapshot) and fsync its directory."""
+    atomic_write_json(tag_dir / MARKER, {"version": MARKER_VERSION, "step": step, "tag": tag_dir.name,
+                                         "files": files, "layout": layout, "written_at": time.time(), **extra})
+    _fsync_dir(tag_dir)
 
 
 def apply_retention(root: Path, keep: int) -> List[str]:

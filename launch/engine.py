@@ -29,7 +29,7 @@ from launch.gpu_health import GpuHealthMonitor, simulated_reader
 from launch.schedule import lr_factor
 from launch.signals import StopRequest, signal_name
 from launch.snapshot import Snapshots
-from launch.tblog import TBLog, attempt_number, peak_memory_bytes
+from launch.tblog import FLUSH_EVERY_S, TBLog, attempt_number, peak_memory_bytes
 
 
 def say(text: str) -> None:
@@ -114,7 +114,7 @@ class Trainer:
         code = self._build()
         if code != exitcodes.OK or self.step >= self.t.max_steps:
             return code  # train() says so; no event file for an attempt that trains nothing
-        self.tb = TBLog(self.run_dir, self.rank, self.step, self.config_text)
+        self.tb = TBLog(self.run_dir, self.rank, self.step, self.config_text, flush_every_s=FLUSH_EVERY_S)
         if self.rank == 0:
             say(f"attempt {self.tb.attempt}: training steps {self.step + 1}..{self.t.max_steps}, global batch "
                 f"{self.G} = {self.t.micro_batch_size} x {self.t.grad_accum_steps} x {self.world} ranks, "
@@ -240,8 +240,14 @@ class Trainer:
             if code is not CONTINUE:
                 return code  # None: rolled back (escalated), train on from self.step; else an exit code
         if step % t.ckpt_every == 0 and step != t.max_steps:
-            self._save()
-        self.snapshots.after_step(engine, step, self._client_state, saved=step in (self.saved_step, t.max_steps))
+            if self.snapshots.every:
+                self._save_in_background()
+            else:
+                self._save()
+        saved = step in (self.saved_step, t.max_steps)
+        if self.snapshots.due(step, saved):
+            self.tb.flush()  # the series on disk reaches every step a resume can start from (launch/tblog.py)
+        self.snapshots.after_step(engine, step, self._client_state, saved=saved)
         return None
 
     def _gpu_health(self, step: int, first: bool = False) -> bool:
@@ -295,6 +301,7 @@ class Trainer:
         if self.saved_step == self.step:
             return 0.0
         heartbeat.current().phase("saving")
+        self.tb.flush()
         self.snapshots.settle(abandon=bool(self.stop.signum))  # preempted: no waiting for a snapshot
         client = self._client_state()
         tag, seconds = checkpoint.save(self.engine, self.ckpt_root, self.step, client, self.layout, self.rank,
@@ -307,6 +314,24 @@ class Trainer:
             say(f"checkpoint {tag} complete in {seconds:.1f}s" + (f"; deleted {', '.join(deleted)}" if deleted else ""))
         return seconds
 
+    def _save_in_background(self) -> None:
+        """The periodic checkpoint when snapshots are on: a host copy now, the write on the snapshot writer
+        (launch/snapshot.py). ``saved_step`` counts it at once; every exit path waits for it (_saved_on_disk)."""
+        heartbeat.current().phase("saving")  # seen only while it waits for a write still in flight
+        self.tb.flush()
+        self.snapshots.after_step(self.engine, self.step, self._client_state, full=True,
+                                  before_marker=self.trigger.before_marker)
+        self.saved_step = self.step
+        heartbeat.current().phase("training")
+
+    def _saved_on_disk(self) -> None:
+        """Wait for a checkpoint still being written; if its write failed (on any rank), forget it, so the
+        caller saves this step synchronously instead."""
+        self.snapshots.settle(abandon=True)  # a snapshot in flight is abandoned, a checkpoint waited for
+        failed = self.snapshots.failed_full is not None and self.snapshots.failed_full[0] == self.saved_step
+        if self.snapshots.every and self.coll.max_int(int(failed)):
+            self.saved_step, self.snapshots.failed_full = -1, None
+
     def _client_state(self) -> Dict[str, Any]:
         """What a checkpoint or snapshot saves beside DeepSpeed's state (a collective: every rank calls it)."""
         client = {"step": self.step, "data_position": self.step * self.G, "layout": self.layout,
@@ -318,6 +343,7 @@ class Trainer:
     def _save_and_exit(self) -> int:
         name = signal_name(self.stop.signum)
         started = time.perf_counter()
+        self._saved_on_disk()
         if self.step == 0:
             what = "nothing trained yet: no checkpoint"
         elif self.saved_step == self.step:

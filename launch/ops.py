@@ -9,7 +9,8 @@ halves that need torch and DeepSpeed:
 * :func:`install_guard` replaces ``OpBuilder.jit_load`` in the job's process. DeepSpeed calls it only for
   ops that were not compiled into the package at install time (``DS_BUILD_*``; those still load as
   usual). The replacement loads the prepared library, or raises :class:`OpNotPrepared`, which the training
-  entry point turns into exit code 72 within seconds instead of a build that can outlive the job.
+  entry point turns into exit code 72 within seconds instead of a build that can outlive the job. It also
+  makes DeepSpeed's op compatibility table probe only the ops asked about (:class:`ProbedOnRequest`).
 """
 from __future__ import annotations
 
@@ -82,8 +83,32 @@ def load_library(name: str, path: Path):
     return module
 
 
+class ProbedOnRequest(dict):
+    """``deepspeed.ops.__compatible_ops__`` that probes an op when it is asked about, not every op at once.
+
+    DeepSpeed fills that table on first access, probing all its ops; the async_io probe compiles and links a
+    test program with the C compiler. The only reader is ``init_distributed`` on the CPU accelerator, which
+    asks about the shared-memory comm op alone: so every job start paid 0.06-0.14 s here for a compiler run,
+    inside the job, whose answer nothing read."""
+
+    def __missing__(self, name: str) -> bool:
+        from deepspeed.ops.op_builder.all_ops import ALL_OPS
+        from deepspeed.ops.op_builder.builder import probe_is_compatible
+
+        builder = ALL_OPS.get(name)
+        self[name] = bool(builder is not None and probe_is_compatible(builder))
+        return self[name]
+
+    def get(self, name: str, default: object = None) -> object:  # dict.get would not call __missing__
+        return self[name]
+
+
 def install_guard(root: Optional[Path] = None, log: Callable[[str], None] = print) -> None:
     """From now on, DeepSpeed's JIT step in this process loads prepared ops or raises OpNotPrepared."""
+    import deepspeed.ops
+
+    if "__compatible_ops__" not in vars(deepspeed.ops):  # not probed yet (a module __getattr__ does it)
+        deepspeed.ops.__compatible_ops__ = ProbedOnRequest()
     state: Dict[str, object] = {}
 
     def runtime() -> Runtime:

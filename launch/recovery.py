@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent import checkpoints, in_job, rundir
 from hpc_agent.diagnosis.causes import Cause
-from hpc_agent.metrics.divergence import LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS, detect
+from hpc_agent.metrics.divergence import LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS, detect, newest_loss_may_alarm
 from launch import exitcodes
 
 REPAIR, EXIT, CONTINUE = "repair", "exit", "continue"
@@ -173,6 +173,9 @@ class InJobRecovery:
             self.losses, self.cut = self.losses[-HISTORY:], True
         if scale is not None:
             self.scales = (self.scales + [(step, scale)])[-HISTORY:]
+        if not self.scales and not newest_loss_may_alarm([v for _, v in self.losses[-(WINDOW + 1):]],
+                                                         window=WINDOW, rel_floor=SPIKE_REL_FLOOR):
+            return None  # the full detector would find nothing new (FP16's loss scale always goes through it)
         losses, cut = self.losses, self.cut
         if len(losses) > WINDOW + JUDGED_EACH_STEP:  # only the newest points can start a new alarm
             losses, cut = losses[-(WINDOW + JUDGED_EACH_STEP):], True
@@ -233,12 +236,7 @@ class InJobRecovery:
         self.scales = [p for p in self.scales if p[0] <= step]
         if tb is None:
             return
-        tb.first_step = min(tb.first_step, step + 1)
-        if tb.writer is not None:
-            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-
-            tb.writer.file_writer.add_event(Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
-            tb.writer.flush()
+        tb.restart_at(step + 1)
 
 
 def _append_synced(path: Path, line: str) -> None:

@@ -16,8 +16,16 @@ Snapshots shorten that: every ``resilience.snapshot_every`` optimizer steps each
    checkpoint).
 
 One snapshot is in flight at a time: when any rank is still writing the previous one, the ranks agree
-to skip this one (counted in :attr:`Snapshots.skipped`). Why not DeepSpeed's own decoupled engine
-(``checkpoint.writer.decoupled``): it hands the live tensors to a spawned process through shared memory
+to skip this one (counted in :attr:`Snapshots.skipped`).
+
+With snapshots on, the periodic checkpoints (``train.ckpt_every``) take the same path (``full=True``):
+captured at the step boundary, written in the background under their ``step_`` tag, with a checkpoint's
+marker. At one checkpoint every 150 steps of ~0.1 s the synchronous save held the loop ~50 ms, a third
+of P2's loop overhead (docs/benchmarks.md). Unlike a snapshot, a checkpoint is never skipped (it waits
+for the write in flight), never abandoned (:meth:`Snapshots.settle` waits for it), and a failed write stops
+the job at the next due point, on every rank, as a synchronous save's failure would.
+
+Why not DeepSpeed's own decoupled engine (``checkpoint.writer.decoupled``): it hands the live tensors to a spawned process through shared memory
 (the optimizer keeps changing them while it writes), blocks the next step until the save is done, writes
 no completion marker, and its default FAST writer needs the async-I/O op built, which a job must never do.
 """
@@ -126,27 +134,42 @@ class Snapshots:
         self._thread: Optional[threading.Thread] = None
         self._abandon = threading.Event()
         self._error: Optional[str] = None
+        self._full = False  # the write in flight is a checkpoint's (never abandoned)
+        self.failed_full: Optional[Tuple[int, str]] = None  # (step, why): a checkpoint write that failed
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def due(self, step: int, saved: bool = False) -> bool:
+        """A snapshot of ``step`` is to be taken (unless one is still being written)."""
+        return bool(self.every) and step % self.every == 0 and not saved
+
     def after_step(self, engine: Any, step: int, client_state: Callable[[], Dict[str, Any]],
-                   saved: bool = False) -> bool:
+                   saved: bool = False, full: bool = False,
+                   before_marker: Optional[Callable[[int, Path], None]] = None) -> bool:
         """At the step boundary, on every rank: take a snapshot of ``step`` when one is due; True when
-        taken. ``saved``: a full checkpoint of this step exists (or is about to), so none is needed."""
-        if not self.every or step % self.every or saved:
+        taken. ``saved``: a full checkpoint of this step exists (or is about to), so none is needed.
+        ``full``: take the periodic checkpoint of ``step`` this way instead (always, waiting for a write in
+        flight); ``before_marker`` as in ``launch.checkpoint.save``, on rank 0's writer thread."""
+        if not full and not self.due(step, saved):
             return False
         if self._error is not None:
             self.say(f"snapshot failed on rank {self.rank}: {self._error}")
             self._error = None
-        if self.agree_max(1 if self.busy() else 0):  # one in flight anywhere: every rank skips
+        worst = self.agree_max(2 if self.failed_full else (1 if self.busy() else 0))
+        if worst >= 2:  # a checkpoint that did not get written stops the job, like a failed synchronous save
+            why = self.failed_full[1] if self.failed_full else "on another rank"
+            raise RuntimeError(f"a checkpoint could not be written: {why}")
+        if worst and not full:  # one in flight anywhere: every rank skips
             self.skipped += 1
             if self.rank == 0:
                 self.say(f"snapshot at step {step} skipped: the previous one is still being written "
                          f"({self.skipped} skipped)")
             return False
+        if worst:
+            self.settle()  # a checkpoint waits for the write in flight (the caller's phase says "saving")
         started = time.perf_counter()
-        tag = checkpoints.snap_tag_for(step)
+        tag = checkpoints.tag_for(step) if full else checkpoints.snap_tag_for(step)
         if self.rank == 0:
             make_dir(self.root)
             if (self.root / tag).exists():  # torn leftover of an earlier attempt (or of a rollback)
@@ -156,7 +179,8 @@ class Snapshots:
         self.capture_s.append(time.perf_counter() - started)
         self.taken += 1
         self._abandon.clear()
-        self._thread = threading.Thread(target=self._write, args=(step, tag, files, started),
+        self._full = full
+        self._thread = threading.Thread(target=self._write, args=(step, tag, files, started, full, before_marker),
                                         name=f"snapshot-{tag}", daemon=True)
         self._thread.start()
         return True
@@ -164,22 +188,26 @@ class Snapshots:
     def settle(self, abandon: bool = False) -> None:
         """Before a full checkpoint: wait for the snapshot in flight to finish (so retention never races
         it), or, when the job must go now (a preemption signal), tell it to stop before its marker and
-        do not wait: a snapshot without its marker is never resumed from."""
+        do not wait: a snapshot without its marker is never resumed from. A checkpoint in flight is always
+        waited for: the job may be about to exit on the strength of it."""
         if not self.busy():
             return
-        if abandon:
+        if abandon and not self._full:
             self._abandon.set()
             return
         self._thread.join()  # type: ignore[union-attr]
 
     # ---- the background thread --------------------------------------------------------------
-    def _write(self, step: int, tag: str, files: List[Tuple[str, Any]], started: float) -> None:
+    def _write(self, step: int, tag: str, files: List[Tuple[str, Any]], started: float, full: bool,
+               before_marker: Optional[Callable[[int, Path], None]]) -> None:
         try:
             self._write_files(step, tag, files)
             if self.rank == 0 and not self._abandon.is_set():
-                self._complete(step, tag, started)
-        except Exception as exc:  # never kill training: the next full checkpoint still comes
+                self._complete(step, tag, started, full, before_marker)
+        except Exception as exc:  # a snapshot never kills training (the next checkpoint still comes)
             self._error = f"{tag}: {exc.__class__.__name__}: {exc}"
+            if full:  # ... a checkpoint does, at the next due point (after_step)
+                self.failed_full, self._error = (step, self._error), None
             if self.rank != 0:  # so rank 0 stops waiting for this rank's files
                 try:
                     atomic_write_json(self.root / tag / _REPORT.format(self.rank),
@@ -220,7 +248,8 @@ class Snapshots:
             files.update({str(k): int(v) for k, v in report["files"].items()})
         return files
 
-    def _complete(self, step: int, tag: str, started: float) -> None:
+    def _complete(self, step: int, tag: str, started: float, full: bool = False,
+                  before_marker: Optional[Callable[[int, Path], None]] = None) -> None:
         tag_dir = self.root / tag
         deadline = time.monotonic() + REPORT_WAIT_S
         while True:
@@ -236,16 +265,15 @@ class Snapshots:
         if lost:  # shared file system out of sync: better no marker than a false one
             raise RuntimeError(f"files reported by the ranks do not match the disk: {lost}")
         set_mode(tag_dir, dir_mode(group_of(self.root)))
+        if before_marker is not None:
+            before_marker(step, tag_dir)
         if self._abandon.is_set():
             return
-        atomic_write_json(tag_dir / checkpoints.MARKER, {
-            "version": checkpoints.MARKER_VERSION, "step": step, "tag": tag, "files": files,
-            "layout": self.layout, "written_at": time.time(),
-            "snapshot": True})
-        checkpoint._fsync_dir(tag_dir)
+        checkpoint.write_marker(tag_dir, step, files, self.layout, **({} if full else {"snapshot": True}))
         seconds = time.perf_counter() - started
         self.completed.append((step, seconds))
         deleted = checkpoint.apply_retention(self.root, self.keep)
         held = self.capture_s[-1] if self.capture_s else 0.0
-        self.say(f"snapshot {tag} complete in {seconds:.2f}s (training held {held:.2f}s of it)"
+        kind = "checkpoint" if full else "snapshot"
+        self.say(f"{kind} {tag} complete in {seconds:.2f}s (training held {held:.2f}s of it)"
                  + (f"; deleted {', '.join(deleted)}" if deleted else ""))

@@ -35,6 +35,18 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
 
 
+def accounting(args: Sequence[str], done: Callable[[str], bool] = bool, wait_s: float = 30.0) -> str:
+    """``sacct --parsable2 --noheader ARGS``, asked again until ``done(text)`` or ``wait_s``: slurmdbd records a
+    job seconds after slurmctld ran it on a busy machine (a job that ended 1 s ago can be missing, seen in
+    CI), so an assertion on accounting waits for it the way the watcher's own queries tolerate it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = SLURM.run(["sacct", "--parsable2", "--noheader", *args]).stdout
+        if done(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.5)
+
+
 def queue_and_nodes() -> str:
     """squeue and sinfo as text: what a timed-out wait on the cluster reports."""
     queue = SLURM.run(["squeue", "--array", "--format", "%i|%P|%j|%T|%r|%N"], check=False).stdout

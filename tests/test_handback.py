@@ -76,6 +76,16 @@ def test_any_other_exit_code_is_left_alone(tmp_path, step_rc):
     assert proc.returncode == step_rc and calls == []
 
 
+@pytest.mark.parametrize("step_rc, wakes", [(0, False), (1, True), (137, True), (76, True)])
+def test_a_failed_step_wakes_the_watcher_without_requeueing(tmp_path, step_rc, wakes):
+    # 137: the kernel's OOM killer; the watcher resubmits with more memory as soon as sacct shows the end
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    proc, calls = _run_teardown(tmp_path, step_rc, {"HPC_AGENT_RUN_DIR": str(run_dir)})
+    assert proc.returncode == step_rc and calls == []
+    assert (tmp_path / "runs" / handback.WAKE_FILE).is_file() is wakes
+
+
 def test_a_refused_requeue_says_so_and_leaves_the_run_to_the_watcher(tmp_path):
     proc, calls = _run_teardown(tmp_path, EXIT_SIGNALLED_AFTER_CHECKPOINT, {}, scontrol_rc=1)
     assert calls == ["requeue 41"] and proc.returncode == EXIT_SIGNALLED_AFTER_CHECKPOINT

@@ -231,26 +231,28 @@ def _watch_phases(proc, run_dir: Path, timeout: float = 240) -> list:
 
 def test_a_cpu_training_run_and_its_resume_leave_done_heartbeats_at_their_last_step(tmp_path):
     run_dir = tmp_path / "run"
-    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 12, "ckpt_every": 4, "eval_every": 4},
-                   resilience={"heartbeat_s": 0.05})
+    # A step of this model takes ~5 ms, so a training stretch needs enough steps to outlast a few beats
+    # (9 steps before the first checkpoint: ~70 ms, ~3 beats of 0.02 s) for the watcher to see it.
+    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 18, "ckpt_every": 9, "eval_every": 18},
+                   resilience={"heartbeat_s": 0.02})
     proc = start(cfg, run_dir)
     seen = _watch_phases(proc, run_dir)
     expect(subprocess.CompletedProcess(proc.args, proc.returncode, Path(proc.log_path).read_text(), ""), 0,
-           "done: 12 steps")
+           "done: 18 steps")
     assert seen[0] in ("starting", "loading") and "training" in seen, seen
     beats = rundir.read_heartbeats(run_dir)
     assert len(beats) == 1
     first = beats[0]
-    assert (first.phase, first.step, first.start_step, first.rank, first.world) == ("done", 12, 0, 0, 1)
-    assert len(first.recent_step_s) == 12 and first.step_at is not None and first.interval_s == 0.05
+    assert (first.phase, first.step, first.start_step, first.rank, first.world) == ("done", 18, 0, 0, 1)
+    assert len(first.recent_step_s) == 18 and first.step_at is not None and first.interval_s == 0.02
     assert first.started_at <= first.step_at <= first.written_at
     assert rundir.read_stacks(run_dir)[0].startswith("# job ")
 
-    more = snapshot(tmp_path / "cfg14.yaml", train={"max_steps": 14, "ckpt_every": 4, "eval_every": 4},
-                    resilience={"heartbeat_s": 0.05})
-    expect(run(more, run_dir), 0, "resumed at step 12")
+    more = snapshot(tmp_path / "cfg20.yaml", train={"max_steps": 20, "ckpt_every": 9, "eval_every": 18},
+                    resilience={"heartbeat_s": 0.02})
+    expect(run(more, run_dir), 0, "resumed at step 18")
     again = rundir.read_heartbeats(run_dir)[0]
-    assert (again.phase, again.step, again.start_step, len(again.recent_step_s)) == ("done", 14, 12, 2)
+    assert (again.phase, again.step, again.start_step, len(again.recent_step_s)) == ("done", 20, 18, 2)
     assert again.started_at > first.written_at
 
 

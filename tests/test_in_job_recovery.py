@@ -393,3 +393,56 @@ def test_judging_only_the_newest_points_finds_what_the_whole_kept_history_finds(
     fired = [v for v in verdicts_new if v]
     assert (fired[0][2] if fired else None) == (spikes[0] if len(spikes) >= 2 else None)
     assert len(recovery.losses) <= HISTORY and WINDOW < HISTORY
+
+
+def _series_with_faults(seed: int, n: int = 700):
+    """A noisy healthy loss with spikes of several heights and lengths, and a plateau jump."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    series = dict(_noisy_healthy_loss(seed, n))
+    for _ in range(8):
+        start, length, height = int(rng.integers(15, n - 5)), int(rng.integers(1, 4)), float(rng.uniform(1.2, 40))
+        for s in range(start, start + length):
+            series[s] *= height
+    return sorted(series.items())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_per_step_precheck_finds_what_the_full_detector_finds(tmp_path, seed):
+    """observe() runs the detector only when the newest loss may be a spike point (newest_loss_may_alarm). At
+    every step its verdict must be the detector's on the same history. Each alarm is followed by what the job
+    does after it: a rollback to before the spike (restarted_at), so no alarm is found twice."""
+    from launch.recovery import JUDGED_EACH_STEP, WINDOW
+
+    recovery = _recovery(tmp_path)
+    history, cut, alarms = [], False, 0
+    for step, value in _series_with_faults(seed):
+        history.append((step, value))
+        if len(history) > 200:
+            history, cut = history[-200:], True
+        view, view_cut = (history[-(WINDOW + JUDGED_EACH_STEP):], True) if len(history) > WINDOW + JUDGED_EACH_STEP \
+            else (history, cut)
+        full = divergence_fault(view, [], step, 1.0, True, cut=view_cut)
+        assert recovery.observe(step, value, None, 1.0) == full, step
+        if full is not None:
+            alarms += 1
+            recovery.restarted_at(full.divergence_step - 1, None)
+            history = [p for p in history if p[0] < full.divergence_step]
+    assert alarms >= 3  # the series did raise alarms
+
+
+def test_the_precheck_margin_and_edges():
+    from hpc_agent.metrics.divergence import newest_loss_may_alarm
+
+    flat = [1.0 + 0.01 * (i % 3) for i in range(60)]
+    assert not newest_loss_may_alarm([], window=50)
+    assert not newest_loss_may_alarm(flat, window=50, rel_floor=0.05)
+    assert newest_loss_may_alarm(flat + [float("nan")], window=50)
+    assert newest_loss_may_alarm(flat + [float("inf")], window=50)
+    assert newest_loss_may_alarm([float("nan")] + flat[:20] + [1.0], window=50)  # a non-finite point in view
+    assert not newest_loss_may_alarm(flat[:5] + [100.0], window=50)  # fewer than min_history: not judged yet
+    # the threshold: med 1.01, scale max(1.4826 * MAD, 0.05 * med); 0.9 of 6 sigmas is the margin
+    med, scale = 1.01, 0.05 * 1.01
+    assert newest_loss_may_alarm(flat + [med + 5.5 * scale], window=50, rel_floor=0.05)
+    assert not newest_loss_may_alarm(flat + [med + 5.3 * scale], window=50, rel_floor=0.05)

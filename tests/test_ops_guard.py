@@ -117,3 +117,19 @@ def test_prepare_names_an_unknown_op(tmp_path, prepared_root):
     res = run_cli("-m", "hpc_agent.prepare", "--op", "no_such_op", "--ops-dir", str(tmp_path / "ops"),
                   env=clean_env(tmp_path), cwd=tmp_path)
     assert res.returncode == 2 and "unknown DeepSpeed op(s)" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_guard_probes_only_the_op_init_distributed_asks_about_and_runs_no_compiler(tmp_path, prepared_root):
+    """DeepSpeed's compatibility table used to probe every op at the first init_distributed, compiling a
+    test program for async_io inside the job; with the guard only the shm comm op is probed, no subprocess."""
+    code = ("import subprocess, deepspeed.ops\nfrom launch.ops import install_guard\n"
+            "def refuse(*a, **k):\n    raise AssertionError(f'subprocess in a job: {a[:1]}')\n"
+            "install_guard(log=lambda s: None)\n"
+            "subprocess.Popen = refuse\n"
+            "from deepspeed.comm.torch import build_shm_op\n"
+            "assert build_shm_op() is not None\n"
+            "print('PROBED', sorted(deepspeed.ops.__compatible_ops__.items()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(tmp_path),
+                          timeout=180, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"PROBED [('{SHM_OP}', True)]" in proc.stdout, proc.stdout

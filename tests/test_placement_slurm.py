@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import List
 
@@ -18,7 +19,7 @@ import pytest
 
 from hpc_agent.ledger import Ledger
 from tests.conftest import run_cli
-from tests.slurm_helpers import SLURM, WatcherProcess, log_text, queue_and_nodes, wait_for
+from tests.slurm_helpers import SLURM, WatcherProcess, accounting, log_text, queue_and_nodes, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -130,9 +131,8 @@ def _oom_run(root: Path):
 
 
 def _partition_of(job_id: str) -> str:
-    text = SLURM.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", job_id, "--format",
-                      "Partition"]).stdout
-    return text.split()[0]
+    text = accounting(["--allocations", "--jobs", job_id, "--format", "Partition"], done=lambda text: bool(text.split()))
+    return text.split()[0] if text.split() else ""
 
 
 def test_after_a_gpu_oom_the_watcher_moves_the_run_to_the_free_bigger_gpu(root):

@@ -92,6 +92,13 @@ def test_submitted_job_runs_with_its_batch_step_and_is_found_by_name(c):
     assert shown["JobState"] == "RUNNING" and shown["Restarts"] == "0" and shown["JobName"] == name
     assert jobs_named(c.client, name, since=time.time() - 60) == [job]
     assert jobs_named(c.client, c.unique_name("nobody"), since=time.time() - 60) == []
+    c.order(job, "0")
+    c.wait_states(job, ["COMPLETED"])
+    # An ended job leaves squeue's default list but not slurmctld's memory (MinJobAge): ``--states all``
+    # still lists it, which is how jobs_named finds a job that ended before slurmdbd recorded it.
+    listed = c.client.run(["squeue", "--noheader", "--states", "all", "--name", name, "--format", "%i|%T"]).stdout
+    assert listed.split() == [f"{job}|COMPLETED"]
+    assert jobs_named(c.client, name, since=time.time() - 60) == [job]
 
 
 def test_held_job_pends_until_released_then_completes(c):

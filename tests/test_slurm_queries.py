@@ -50,6 +50,9 @@ def named_world(case: str):
     slurm.submit("hpc_agent:other")
     slurm.advance(10)
     slurm.submit("hpc_agent:r1")  # job 14: queued, not yet in accounting (sacct lags a few seconds)
+    if case == "ended, not yet accounted":
+        slurm.start("14")
+        slurm.complete("14")  # out of squeue's default (active) list, and still past sacct's lag
     if case == "squeue fails":
         slurm.break_command("squeue", timeout=True)
     if case == "sacct fails":
@@ -59,6 +62,7 @@ def named_world(case: str):
 
 @pytest.mark.parametrize("case, found", [
     ("union", ["7", "12_3", "14"]),   # squeue and sacct together, numeric order, array ids kept
+    ("ended, not yet accounted", ["7", "12_3", "14"]),  # slurmctld still remembers it (MinJobAge)
     ("empty", []),
     ("squeue fails", None),
     ("sacct fails", None),

@@ -1,9 +1,11 @@
 """Asynchronous snapshots (launch/snapshot.py): which one a resume takes (table), retention (table),
 the background write and its marker, and exact resume after SIGKILL with 2 ranks under ZeRO-1 and -3."""
 import json
+import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,39 +138,54 @@ def test_abandoned_snapshot_gets_no_marker(tmp_path, monkeypatch):
     assert select(scan(tmp_path)).chosen is None
 
 
-def _cfg(tmp_path, stage, world, steps):
-    return snapshot(tmp_path / f"cfg{stage}.yaml", train={"max_steps": steps, "ckpt_every": 1000, "zero_stage": stage,
+def _signal_both_ranks_after_a_snapshot(cfg, run_dir, at_least: int, signum: int):
+    """Start 2 ranks, send both ``signum`` once a snapshot of step ``at_least`` or later is complete; wait for them."""
+    from launch.distributed import free_port
+
+    port = free_port()
+    procs = [start(cfg, run_dir, rank, 2, port) for rank in range(2)]
+    wait_for_snapshot(run_dir, at_least, procs[0])
+    for proc in procs:
+        proc.send_signal(signum)
+    for proc in procs:
+        proc.wait(timeout=60)
+    return procs
+
+
+def _cfg(tmp_path, stage, world, steps, ckpt_every=1000):
+    return snapshot(tmp_path / f"cfg{stage}.yaml", train={"max_steps": steps, "ckpt_every": ckpt_every, "zero_stage": stage,
                                                           "precision": "fp32", "warmup_steps": 3},
                     resilience={"snapshot_every": 3}, slurm={"tasks_per_node": world})
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [1, 3])
-def test_two_ranks_resume_bit_exact_from_snapshot(tmp_path, stage):
+@pytest.mark.parametrize("stage, ckpt_every", [(1, 1000), (3, 1000), (3, 4)])
+def test_two_ranks_resume_bit_exact_from_snapshot(tmp_path, stage, ckpt_every):
     """2 ranks (gloo): SIGKILL both after a snapshot is complete; the resume takes the newest complete
-    snapshot, every rank's shard comes back, and the losses match the uninterrupted run."""
-    from launch.distributed import free_port
-
+    snapshot, every rank's shard comes back, and the losses match the uninterrupted run. With
+    ``ckpt_every`` 4 the periodic checkpoints are written in the background too, with a checkpoint's marker."""
     steps = 120  # long enough that the kill lands mid-run
-    cfg = _cfg(tmp_path, stage, 2, steps)
+    cfg = _cfg(tmp_path, stage, 2, steps, ckpt_every)
     straight = run_ranks(cfg, tmp_path / "straight", world=2)
     expect(straight[0], 0, f"done: {steps} steps")
+    if ckpt_every < steps:
+        held = re.findall(r"checkpoint (step_\d+) complete in [\d.]+s \(training held", straight[0].stdout)
+        assert held[:3] == [tag_for(4), tag_for(8), tag_for(12)], straight[0].stdout[-3000:]
+        assert f"checkpoint {tag_for(steps)} complete in" in straight[0].stdout  # the last one: synchronous
+        kept = [c for c in scan(tmp_path / "straight" / "checkpoints") if c.name.startswith("step_")]
+        assert kept and all(problem(c) is None and "snapshot" not in c.marker for c in kept)
 
     run_dir = tmp_path / "killed"
-    port = free_port()
-    procs = [start(cfg, run_dir, rank, 2, port) for rank in range(2)]
-    wait_for_snapshot(run_dir, 9, procs[0])
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
-    for proc in procs:
-        proc.wait(timeout=30)
+    _signal_both_ranks_after_a_snapshot(cfg, run_dir, 9, signal.SIGKILL)
     chosen = select(scan(run_dir / "checkpoints")).chosen
-    assert chosen.name.startswith("snap_") and chosen.step >= 9
+    # the newest complete save: the snapshot waited for, or a later one (with ckpt_every 4, maybe a checkpoint)
+    assert chosen.step >= 9 and (chosen.name.startswith("snap_") or ckpt_every < steps)
     shards = [f for f in chosen.marker["files"] if "pp_rank_" in f]
     assert {("pp_rank_0_" in f, "pp_rank_1_" in f) for f in shards} == {(True, False), (False, True)}
 
     resumed = run_ranks(cfg, run_dir, world=2)
-    expect(resumed[0], 0, f"resuming from snapshot {chosen.name} (step {chosen.step})", f"done: {steps} steps")
+    kind = "snapshot" if chosen.name.startswith("snap_") else "checkpoint"
+    expect(resumed[0], 0, f"resuming from {kind} {chosen.name} (step {chosen.step})", f"done: {steps} steps")
     want, got = losses(straight[0].stdout), losses(resumed[0].stdout)
     assert min(got) == chosen.step + 1
     for step in range(chosen.step + 1, steps + 1):
@@ -192,3 +209,115 @@ def test_rank0_gives_up_when_another_rank_reports_a_failure(tmp_path):
     snaps.after_step(FakeEngine(torch.ones(2)), 2, lambda: {"step": 2})      # says why the last one failed
     assert any("rank 1 could not write its files: OSError: disk full" in line for line in lines)
     snaps.settle(abandon=True)
+
+
+# ---- periodic checkpoints on the snapshot path (snapshots on: train.ckpt_every is written in the background)
+def test_periodic_checkpoint_is_written_in_the_background_and_never_skipped_or_abandoned(tmp_path, monkeypatch):
+    import torch
+    from launch import snapshot as snap
+
+    release = threading.Event()
+    real_save = torch.save
+    writers = []
+
+    def slow_save(obj, f):
+        writers.append(threading.current_thread().name)
+        assert release.wait(30)
+        real_save(obj, f)
+
+    monkeypatch.setattr(torch, "save", slow_save)
+    lines, hooked = [], []
+    snaps = snap.Snapshots(2, tmp_path, 0, 1, {"zero_stage": 1}, 2, lambda v: v, lines.append)
+    engine = FakeEngine(torch.zeros(3))
+    started = time.perf_counter()
+    assert snaps.after_step(engine, 4, lambda: {"step": 4}, full=True,
+                            before_marker=lambda step, tag_dir: hooked.append((step, tag_dir.name,
+                                                                                (tag_dir / MARKER).exists())))
+    assert time.perf_counter() - started < 5 and snaps.busy()               # the loop goes on meanwhile
+    assert not snaps.after_step(engine, 6, lambda: {"step": 6}) and snaps.skipped == 1  # a snapshot gives way
+    threading.Timer(0.5, release.set).start()
+    snaps.settle(abandon=True)                                                # a preemption waits for it ...
+    assert not snaps.busy()
+    (chosen,) = scan(tmp_path)
+    assert chosen.name == tag_for(4) and problem(chosen) is None and "snapshot" not in chosen.marker
+    assert writers == [f"snapshot-{tag_for(4)}"] and hooked == [(4, tag_for(4), False)]  # hook before marker
+    assert any(f"checkpoint {tag_for(4)} complete in" in line and "training held" in line for line in lines)
+    release.clear()
+    assert snaps.after_step(engine, 8, lambda: {"step": 8}, full=True)
+    threading.Timer(0.5, release.set).start()
+    assert snaps.after_step(engine, 12, lambda: {"step": 12}, full=True)     # ... and so does the next one
+    snaps.settle()
+    assert [c.name for c in scan(tmp_path)] == [tag_for(8), tag_for(12)]     # retention: keep_checkpoints 2
+
+
+def test_a_failed_background_checkpoint_stops_the_job_at_the_next_due_point(tmp_path, monkeypatch):
+    import torch
+    from launch import snapshot as snap
+
+    def full_disk(obj, f):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    lines = []
+    snaps = snap.Snapshots(2, tmp_path, 0, 1, {}, 1, lambda v: v, lines.append)
+    assert snaps.after_step(FakeEngine(torch.ones(2)), 4, lambda: {"step": 4}, full=True)
+    snaps.settle()
+    assert snaps.failed_full is not None and snaps.failed_full[0] == 4
+    with pytest.raises(RuntimeError, match="a checkpoint could not be written: step_00000004: OSError.*No space"):
+        snaps.after_step(FakeEngine(torch.ones(2)), 6, lambda: {"step": 6})  # a snapshot due: the job stops
+    peer = snap.Snapshots(2, tmp_path, 1, 2, {}, 1, lambda v: max(v, 2), lines.append)  # another rank failed
+    with pytest.raises(RuntimeError, match="on another rank"):
+        peer.after_step(FakeEngine(torch.ones(2)), 6, lambda: {"step": 6})
+
+
+@pytest.mark.slow
+def test_sigterm_while_periodic_checkpoints_are_written_in_the_background(tmp_path):
+    """2 ranks, a snapshot every step and a checkpoint every 2nd, both on the background writer: a SIGTERM
+    ends the job with a complete checkpoint of the last step (the one in flight waited for, never torn or
+    written twice), and the resume continues bit-exact."""
+    steps = 60
+    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": steps, "ckpt_every": 2, "precision": "fp32",
+                                                 "warmup_steps": 3},
+                   resilience={"snapshot_every": 1}, slurm={"tasks_per_node": 2})
+    straight = run_ranks(cfg, tmp_path / "straight", world=2)
+    expect(straight[0], 0, f"done: {steps} steps")
+    run_dir = tmp_path / "run"
+    procs = _signal_both_ranks_after_a_snapshot(cfg, run_dir, 5, signal.SIGTERM)
+    log = Path(procs[0].log_path).read_text()
+    assert [p.returncode for p in procs] == [75, 75], log[-3000:]
+    match = re.search(r"signal SIGTERM at step (\d+): checkpoint (step_\d+) (already )?complete", log)
+    assert match and match.group(2) == tag_for(int(match.group(1))), log[-3000:]
+    chosen = select(scan(run_dir / "checkpoints")).chosen
+    assert chosen.name == match.group(2) and "snapshot" not in chosen.marker
+    resumed = run_ranks(cfg, run_dir, world=2)
+    expect(resumed[0], 0, f"resuming from checkpoint {chosen.name}", f"done: {steps} steps")
+    want, got = losses(straight[0].stdout), losses(resumed[0].stdout)
+    assert min(got) == chosen.step + 1
+    for step in range(chosen.step + 1, steps + 1):
+        assert got[step] == pytest.approx(want[step], abs=1e-6), step
+
+
+def test_exit_paths_wait_for_the_checkpoint_in_flight_and_forget_a_failed_one(tmp_path, monkeypatch):
+    """Trainer._saved_on_disk, run before a signal-time exit: it returns only once the background checkpoint
+    of ``saved_step`` has its marker; if that write failed, saved_step is dropped so the step is saved again."""
+    import types
+
+    import torch
+    from launch import snapshot as snap
+    from launch.engine import Trainer
+
+    release = threading.Event()
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f: (release.wait(30), real_save(obj, f)))
+    snaps = snap.Snapshots(1, tmp_path, 0, 1, {}, 1, lambda v: v, lambda line: None)
+    trainer = types.SimpleNamespace(snapshots=snaps, saved_step=4, coll=types.SimpleNamespace(max_int=lambda v: v))
+    assert snaps.after_step(FakeEngine(torch.ones(2)), 4, lambda: {"step": 4}, full=True)
+    threading.Timer(0.5, release.set).start()
+    Trainer._saved_on_disk(trainer)
+    assert (tmp_path / tag_for(4) / MARKER).exists() and trainer.saved_step == 4
+
+    monkeypatch.setattr(torch, "save", lambda obj, f: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    assert snaps.after_step(FakeEngine(torch.ones(2)), 6, lambda: {"step": 6}, full=True)
+    trainer.saved_step = 6
+    Trainer._saved_on_disk(trainer)
+    assert trainer.saved_step == -1 and snaps.failed_full is None  # _save writes step 6 synchronously now

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hpc_agent.config.load import load_snapshot
-from tests.slurm_helpers import (CLUSTER, LONG_RUN, SLURM, WatcherProcess, attempts, events,
+from tests.slurm_helpers import (CLUSTER, LONG_RUN, WatcherProcess, accounting, attempts, events,
                                  job_nodes, last_step, ledger_job_ids, log_text, preempt_all_nodes, states, submit,
                                  wait_for, run_phase as phase)
 
@@ -137,8 +137,8 @@ def test_watcher_killed_mid_decision_never_submits_twice(root, crash_at):
         wait_for(lambda: phase(root, run_dir.name) == "completed", 300, what="the run to complete after the restart")
         ids = ledger_job_ids(root, run_dir.name)
         assert len(ids) == 2 and ids[0] == job
-        named = SLURM.run(["sacct", "--parsable2", "--noheader", "--allocations", "--starttime", "now-1hour",
-                           "--name", f"hpc_agent:{run_dir.name}", "--format", "JobID"]).stdout.split()
+        named = accounting(["--allocations", "--starttime", "now-1hour", "--name", f"hpc_agent:{run_dir.name}",
+                            "--format", "JobID"], done=lambda text: sorted(text.split()) == sorted(ids)).split()
         assert sorted(named) == sorted(ids), "the ledger and sacct must agree on the run's jobs"
     finally:
         watcher.stop()

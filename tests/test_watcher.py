@@ -297,7 +297,7 @@ def test_reconcile_intent_without_job_id(world, slurm_knows_it):
     slurm.advance(121)
     world["watcher"].reconcile()
     latest = ledger.latest_submission("r")
-    assert slurm.ran("squeue", "--noheader", "--name", job_name_for("r"))
+    assert slurm.ran("squeue", "--noheader", "--states", "all", "--name", job_name_for("r"))
     if slurm_knows_it:
         assert latest.id == sid and latest.job_id == reached != job
         assert world["submit"].calls == [] and slurm.submissions == []

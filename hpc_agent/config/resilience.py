@@ -55,7 +55,8 @@ class ResilienceConfig:
 
     snapshot_every: int = 0
     """Take an asynchronous snapshot (host copy, background write) every N optimizer steps, so a hard kill
-    loses at most N steps; 0 turns snapshots off. Full checkpoints still follow ``train.ckpt_every``.
+    loses at most N steps; 0 turns snapshots off. Full checkpoints still follow ``train.ckpt_every``,
+    and with snapshots on they are written the same way (a host copy, then the background write).
     A snapshot is a complete checkpoint in ``checkpoints/snap_<step>/`` (only the newest is kept); while
     one is written, each rank holds a second host-memory copy of its state, and a due snapshot is skipped
     if the previous one is still being written (launch/snapshot.py)."""

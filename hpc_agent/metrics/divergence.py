@@ -215,6 +215,34 @@ def _stalled_throughput(steps, values, throughput_fraction, throughput_patience,
                   f" x the run's median {median:.6g} for {throughput_patience}+ points")]
 
 
+def newest_loss_may_alarm(values: Sequence[float], *, window: int = 50, z_threshold: float = 6.0,
+                          min_history: int = 10, rel_floor: float = 1e-3) -> bool:
+    """False when the newest of ``values`` (a loss series, oldest first) is finite and not a spike point as
+    :func:`_loss_spike` judges it against its own trailing window; True otherwise, and also with some margin
+    near the threshold. For a caller that ran :func:`detect` at every earlier point, False means that
+    :func:`detect` would find no loss alarm it had not found before: a run of spike points needs its newest
+    point, and a point's trailing statistics never change. The job checks every step with this (a sort of at
+    most ``window`` floats) and runs :func:`detect` only on True: detect costs ~0.7 ms of a training step."""
+    if not values:
+        return False
+    newest = values[-1]
+    history = values[max(0, len(values) - 1 - window):-1]
+    if not math.isfinite(newest) or not all(map(math.isfinite, history)):
+        return True
+    if len(history) < max(1, min_history):  # not judged yet (the detector's NaN median)
+        return False
+    ordered = sorted(history)
+    med = _sorted_median(ordered)
+    mad = _sorted_median(sorted(abs(x - med) for x in ordered))
+    scale = max(MAD_TO_SIGMA * mad, rel_floor * abs(med), 1e-12)
+    return (newest - med) / scale > 0.9 * z_threshold  # the margin: detect decides the near cases
+
+
+def _sorted_median(ordered: Sequence[float]) -> float:
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
 def detect(loss: Sequence[Any], grad_norm: Sequence[Any] = (), loss_scale: Sequence[Any] = (),
            throughput: Sequence[Any] = (), *, window: int = 50, z_threshold: float = 6.0,
            spike_patience: int = 2, min_history: int = 10, rel_floor: float = 1e-3,

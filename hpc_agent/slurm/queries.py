@@ -23,10 +23,12 @@ def queue_state(slurm, job_id: str) -> Optional[str]:
 
 def jobs_named(slurm, name: str, since: float) -> Optional[List[str]]:
     """Job ids Slurm knows under job name ``name``, submitted after ``since`` (epoch seconds), from squeue
-    and sacct together (a job can have left the queue, or not yet reached accounting)."""
+    and sacct together (a job can have left the queue, or not yet reached accounting). squeue is asked for
+    every state: a job that ended seconds ago is in neither squeue's default (active) list nor, while
+    slurmdbd lags, in accounting, and a missed job here is a job submitted twice."""
     start = _dt.datetime.fromtimestamp(since - 60).strftime("%Y-%m-%dT%H:%M:%S")
     try:
-        queued = slurm.run(["squeue", "--noheader", "--name", name, "--format", "%i"]).stdout.split()
+        queued = slurm.run(["squeue", "--noheader", "--states", "all", "--name", name, "--format", "%i"]).stdout.split()
         text = slurm.run(["sacct", "--parsable2", "--allocations", "--name", name, "--starttime", start,
                           "--format", "JobID,JobName,State"]).stdout
     except SlurmError:

@@ -1,0 +1,120 @@
+"""The training loop's own cost between steps: this checkout against a baseline revision, side by side.
+
+    python scripts/bench_step_overhead.py [--baseline REV] [--steps 400] [--rounds 2] [--out results/bench_step_overhead.json]
+
+ETTR (scripts/bench_ettr.py, hpc_agent/runreview.py) counts as productive only the time inside each step
+(``perf/step_time_s``: forward, backward, optimizer step). Everything the loop does between two steps is lost
+time: the loss mean and the in-job fault check, TensorBoard, the log line, snapshots and checkpoints. This runs
+``python -m launch.train`` directly (no Slurm), one process on one CPU with the P2 run's model and settings
+(bench_ettr's RUN and its watched side's SIDE), for ``--steps`` steps from scratch, for this checkout and for
+``--baseline`` (a git worktree), interleaved ``--rounds`` times. Per run, from the TensorBoard series after a
+warm-up of 50 steps: overhead = 1 - (sum of step times) / (wall time from the first to the last step). Also per
+run: start_to_first_step_s, from the process's spawn to the start of its first step (a fresh run: no checkpoint
+to load), the start-up every attempt pays (launch/startup.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_ettr import RUN, SIDE  # noqa: E402
+from hpc_agent.fsutil import atomic_write_json  # noqa: E402
+
+WARMUP = 50
+DEFAULT_BASELINE = "1df3dbe"  # main before the per-step cuts (the TensorBoard event per step, the fault pre-check)
+
+
+def overhead(run_dir: Path, spawned_at: float) -> dict:
+    """Overhead from a run's TensorBoard series (steps after the warm-up), and its start-up."""
+    from hpc_agent.metrics.tb_reader import RunScalars
+    from hpc_agent.rundir import tb_dir
+
+    scalars = RunScalars(tb_dir(run_dir))
+    scalars.update()
+    series = scalars.series("perf/step_time_s")
+    points = [p for p in series if p.step > WARMUP]
+    if len(points) < 10:
+        raise RuntimeError(f"{run_dir}: only {len(points)} steps logged after the warm-up")
+    span = points[-1].wall_time - points[0].wall_time
+    inside = sum(p.value for p in points[1:])
+    return {"steps": len(points), "wall_s": round(span, 3), "in_steps_s": round(inside, 3),
+            "overhead": round(1 - inside / span, 5), "median_step_s": round(statistics.median(p.value for p in points), 5),
+            "between_steps_ms": round((span - inside) / (len(points) - 1) * 1e3, 3),
+            "start_to_first_step_s": round(series[0].wall_time - series[0].value - spawned_at, 3)}
+
+
+def run_once(code: Path, work: Path, name: str, steps: int) -> dict:
+    from hpc_agent.config.load import load_config, to_yaml
+
+    run_dir = work / name
+    run_dir.mkdir(parents=True)
+    overrides = [*RUN, *SIDE["watcher"], f"train.max_steps={steps}", "resilience.successor_on_preempt=false",
+                 f"run.runs_root={work}", f"run.name={name}", "faults.runtime_trigger=false"]
+    cfg = load_config(REPO / "configs" / "chaos.yaml", overrides)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(code)})
+    cpu = max(os.sched_getaffinity(0))
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "launch.train", str(run_dir / "config.yaml"), str(run_dir)], cwd=str(code),
+                          env=env, capture_output=True, text=True, timeout=1800,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))  # one CPU, as the P2 jobs have
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return {**overhead(run_dir, started), "process_s": round(time.time() - started, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help=f"git revision to compare with (default {DEFAULT_BASELINE})")
+    parser.add_argument("--steps", type=int, default=400, help="steps per run (default 400)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
+    parser.add_argument("--out", default=str(REPO / "results" / "bench_step_overhead.json"))
+    args = parser.parse_args()
+    if args.steps <= WARMUP + 20 or args.rounds < 1:
+        parser.error(f"--steps must exceed {WARMUP + 20} and --rounds be at least 1")
+    with tempfile.TemporaryDirectory(prefix="bench-step-overhead-") as tmp:
+        tmp_path = Path(tmp)
+        baseline = tmp_path / "baseline"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(baseline), args.baseline],
+                       check=True, capture_output=True, timeout=120)
+        try:
+            runs = {"current": [], "baseline": []}
+            for r in range(args.rounds):
+                for variant, code in (("baseline", baseline), ("current", REPO)):
+                    result = run_once(code, tmp_path / "runs", f"{variant}-{r}", args.steps)
+                    print(f"{variant} round {r}: overhead {result['overhead']:.2%}, "
+                          f"{result['between_steps_ms']:.2f} ms between steps of {result['median_step_s']:.3f} s, "
+                          f"first step {result['start_to_first_step_s']:.2f} s after the spawn", flush=True)
+                    runs[variant].append(result)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)], capture_output=True,
+                           timeout=120)
+    med = {v: statistics.median(r["overhead"] for r in rs) for v, rs in runs.items()}
+    gap = {v: statistics.median(r["between_steps_ms"] for r in rs) for v, rs in runs.items()}
+    first = {v: statistics.median(r["start_to_first_step_s"] for r in rs) for v, rs in runs.items()}
+    out = {"benchmark": "training-loop time between steps (lost to ETTR), this checkout vs a baseline revision",
+           "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "baseline_rev": args.baseline, "steps": args.steps,
+           "settings": [*RUN, *SIDE["watcher"]], "one_cpu": True, "runs": runs,
+           "summary": {"overhead_current": med["current"], "overhead_baseline": med["baseline"],
+                       "between_steps_ms_current": gap["current"], "between_steps_ms_baseline": gap["baseline"],
+                       "ratio_baseline_to_current": round(gap["baseline"] / gap["current"], 2) if gap["current"] else None,
+                       "start_to_first_step_s_current": first["current"], "start_to_first_step_s_baseline": first["baseline"]}}
+    atomic_write_json(Path(args.out), out)
+    print(json.dumps(out["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""scripts/bench_step_overhead.py: the overhead it reads from a run's TensorBoard series."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_step_overhead", REPO / "scripts" / "bench_step_overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_overhead_is_the_wall_time_outside_the_steps_after_the_warm_up(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from hpc_agent.rundir import tb_dir
+
+    bench = _bench()
+    writer = SummaryWriter(str(tb_dir(tmp_path)))
+    wall = 1000.0
+    for step in range(1, bench.WARMUP + 101):
+        wall += 0.1 + (0.002 if step > bench.WARMUP else 5.0)  # 0.1 s inside each step, 2 ms between steps
+        writer.add_scalar("perf/step_time_s", 0.1, step, walltime=wall)
+    writer.close()
+    got = bench.overhead(tmp_path, spawned_at=994.0)
+    assert got["steps"] == 100
+    assert got["start_to_first_step_s"] == pytest.approx(1005.1 - 0.1 - 994.0)  # spawn to the first step's start
+    assert got["between_steps_ms"] == pytest.approx(2.0, abs=1e-3)
+    assert got["overhead"] == pytest.approx(0.002 / 0.102, abs=1e-4)
+
+
+def test_too_few_steps_is_an_error(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from hpc_agent.rundir import tb_dir
+
+    writer = SummaryWriter(str(tb_dir(tmp_path)))
+    writer.add_scalar("perf/step_time_s", 0.1, 1)
+    writer.close()
+    with pytest.raises(RuntimeError, match="only 0 steps"):
+        _bench().overhead(tmp_path, spawned_at=0.0)
