@@ -16,6 +16,7 @@ from typing import Any, List, Set
 _HELD: List[bytearray] = []  # keeps the injected host allocation alive until the process dies
 _NAN_FIRED: Set[int] = set()  # steps whose injected NaN has fired in this process
 _SPIKE_FIRED: Set[int] = set()  # steps whose injected gradient spike has fired in this process
+_OOM_FIRED: Set[int] = set()  # steps whose injected one-off out-of-memory error has fired in this process
 GRAD_SPIKE_FACTOR = 1e4
 
 
@@ -97,7 +98,15 @@ class Faults:
                 time.sleep(1)
 
     def loss(self, step: int, loss: Any) -> Any:
-        # Once per process (a transient fault): an in-job rollback that replays the step must not meet it again.
+        # Once per process (transient faults): an in-job repair that replays the step must not meet them again.
+        oom_at = getattr(self.cfg, "oom_at_step", 0)
+        if self.armed and oom_at and step == oom_at and step not in _OOM_FIRED:
+            import torch
+
+            _OOM_FIRED.add(step)
+            self._say(f"out of memory in forward at step {step}")
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (injected: "
+                                         f"faults.oom_at_step {step})")
         if self.armed and self.cfg.nan_at_step and step == self.cfg.nan_at_step and step not in _NAN_FIRED:
             _NAN_FIRED.add(step)
             self._say(f"making the loss NaN at step {step}")

@@ -2,9 +2,10 @@
 
 What is repaired (``resilience.in_job_retries`` repairs per attempt in total; 0 turns it off):
 
-- a ``torch.OutOfMemoryError`` in a training forward pass (a real one, or ``faults.oom_above_micro_batch``):
-  the next rung of THE OOM ladder (``hpc_agent.memory`` through ``policy.repair_rule``: the global batch
-  is kept), then the engine is rebuilt and the newest complete checkpoint loaded;
+- a ``torch.OutOfMemoryError`` in a training forward pass (a real one, or ``faults.oom_above_micro_batch``
+  / ``faults.oom_at_step``): the next rung of THE OOM ladder (``hpc_agent.memory`` through
+  ``policy.repair_rule``: the global batch is kept); the state before the failed step, still intact, is
+  saved as a checkpoint, then the engine is rebuilt and loads it (no step is trained twice);
 - a non-finite loss, an FP16 loss-scale collapse or a loss spike, as THE divergence detector
   (``hpc_agent.metrics.divergence.detect``) reports them: the watcher's rollback and LR cut
   (``policy.repair_rule``): checkpoints from the divergence on are set aside like the watcher's
@@ -278,6 +279,13 @@ def repair_in_place(tr: Any, fault: Fault, loss: Optional[float] = None) -> Any:
     tr.recovery.say(f"in-job repair {budget - tr.recovery.left + 1} of {budget}: {fault.kind} at step "
                     f"{fault.step}: {p.reason}")
     tr.recovery.record(fault, p, tr.cfg)
+    if fault.cause == Cause.GPU_OOM.value and tr.step > 0:
+        # An OOM is repaired only when caught in a forward, before this step's update: the engine still holds
+        # the state of step tr.step, intact. Saved now, the rebuilt engine resumes from it and trains no step
+        # twice (from the newest checkpoint it redid half a checkpoint interval on average, at the cost of a
+        # save that is a small part of an interval's training).
+        _free_memory(tr.on_cuda)
+        tr._save()
     tr.snapshots.settle()
     tr.engine.destroy()  # frees DeepSpeed's hooks and buffers before the new engine allocates its own
     tr.engine = tr.workload = None

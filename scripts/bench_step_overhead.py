@@ -54,17 +54,20 @@ def overhead(run_dir: Path, spawned_at: float) -> dict:
             "start_to_first_step_s": round(series[0].wall_time - series[0].value - spawned_at, 3)}
 
 
-def run_once(code: Path, work: Path, name: str, steps: int) -> dict:
-    from hpc_agent.config.load import load_config, to_yaml
+_WRITE_CONFIG = ("import sys; from pathlib import Path; from hpc_agent.config.load import load_config, to_yaml; "
+                 "Path(sys.argv[2]).write_text(to_yaml(load_config(Path(sys.argv[1]), sys.argv[3:])))")
 
+
+def run_once(code: Path, work: Path, name: str, steps: int) -> dict:
     run_dir = work / name
     run_dir.mkdir(parents=True)
     overrides = [*RUN, *SIDE["watcher"], f"train.max_steps={steps}", "resilience.successor_on_preempt=false",
                  f"run.runs_root={work}", f"run.name={name}", "faults.runtime_trigger=false"]
-    cfg = load_config(REPO / "configs" / "chaos.yaml", overrides)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(code)})
+    # The config snapshot is written by the revision's own loader: a field one revision adds is unknown to the other.
+    subprocess.run([sys.executable, "-c", _WRITE_CONFIG, str(code / "configs" / "chaos.yaml"), str(run_dir / "config.yaml"),
+                    *overrides], cwd=str(code), env=env, check=True, capture_output=True, timeout=120)
     cpu = max(os.sched_getaffinity(0))
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "launch.train", str(run_dir / "config.yaml"), str(run_dir)], cwd=str(code),

@@ -83,6 +83,73 @@ class FakeEngine:
                                     f"{save_dir}/{tag}/mp_rank_00_model_states.pt")
 
 
+class FakeZeroEngine(FakeEngine):
+    """Also does the two parts of DeepSpeed's save that a capture leaves out: the tag check and the scripts' copy."""
+    save_zero_checkpoint = True
+
+    def __init__(self, weight):
+        super().__init__(weight)
+        self.calls = []
+
+    def _checkpoint_tag_validation(self, tag):
+        self.calls.append(("validate", tag))
+
+    def _copy_recovery_script(self, save_path):
+        self.calls.append(("scripts", save_path))
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        self._checkpoint_tag_validation(tag)
+        super().save_checkpoint(save_dir, tag, client_state, save_latest)
+        self._copy_recovery_script(save_dir)
+
+
+def test_a_capture_skips_the_tag_check_and_the_writer_copies_the_recovery_scripts_once(tmp_path):
+    import torch
+    from launch import snapshot as snap
+
+    snaps = snap.Snapshots(2, tmp_path, rank=0, world=1, layout={"zero_stage": 1}, keep_checkpoints=1,
+                           agree_max=lambda v: v, say=lambda _: None)
+    engine = FakeZeroEngine(torch.zeros(4))
+    for step in (2, 4, 6):
+        assert snaps.after_step(engine, step, lambda: {"step": step})
+        snaps.settle()
+    assert engine.calls == [("scripts", str(tmp_path))]  # once per attempt, from the writer; never the tag check
+    assert "_copy_recovery_script" not in vars(engine) and "_checkpoint_tag_validation" not in vars(engine)
+    engine.checkpoint_engine = snap.HostCapture()
+    engine.save_checkpoint(str(tmp_path), "x", {}, False)  # outside a capture, DeepSpeed's own methods again
+    assert engine.calls[-2:] == [("validate", "x"), ("scripts", str(tmp_path))]
+
+
+def test_host_copy_shares_immutable_leaves_and_copies_everything_else():
+    import collections
+    import dataclasses
+
+    import torch
+    from launch.snapshot import to_host
+
+    @dataclasses.dataclass
+    class Record:  # like DeepSpeed's fragment_address, one per parameter in the ZeRO state
+        numel: int
+        start: int
+
+    class Holder:
+        def __init__(self):
+            self.items = [1]
+
+    weight, record, holder, shape = torch.arange(4.0), Record(3, 5), Holder(), torch.Size([2, 3])
+    source = {"w": weight, "meta": collections.OrderedDict(shape=shape, name="w"), "records": [record],
+              "holder": holder, "ids": (1, 2), "scale": 2.0**16}
+    copied = to_host(source)
+    weight.add_(1.0)
+    record.start = 9
+    holder.items.append(2)
+    assert torch.equal(copied["w"], torch.arange(4.0))
+    assert copied["records"] == [Record(3, 5)] and type(copied["records"][0]) is Record
+    assert copied["holder"].items == [1]
+    assert type(copied["meta"]) is collections.OrderedDict and copied["meta"]["shape"] is shape
+    assert copied["ids"] == (1, 2) and copied["scale"] == 2.0**16
+
+
 def test_snapshot_is_written_in_the_background_from_a_host_copy(tmp_path, monkeypatch):
     import torch
     from launch import snapshot as snap
@@ -178,6 +245,7 @@ def test_two_ranks_resume_bit_exact_from_snapshot(tmp_path, stage, ckpt_every):
     run_dir = tmp_path / "killed"
     _signal_both_ranks_after_a_snapshot(cfg, run_dir, 9, signal.SIGKILL)
     chosen = select(scan(run_dir / "checkpoints")).chosen
+    assert (run_dir / "checkpoints" / "zero_to_fp32.py").is_file()  # copied by the snapshot writer
     # the newest complete save: the snapshot waited for, or a later one (with ckpt_every 4, maybe a checkpoint)
     assert chosen.step >= 9 and (chosen.name.startswith("snap_") or ckpt_every < steps)
     shards = [f for f in chosen.marker["files"] if "pp_rank_" in f]

@@ -85,6 +85,10 @@ class FaultsConfig:
     oom_above_micro_batch: int = 0
     """Raise a real out-of-memory error in the forward pass while micro_batch_size is above this."""
 
+    oom_at_step: int = 0
+    """Raise an out-of-memory error in the forward pass of this step, once per process (a transient fault, as a
+    fragmented GPU gives: a repair in the job replays the step without it)."""
+
     host_alloc_mb: int = 0
     """Allocate (and touch) this many MB of host memory at ``host_alloc_step``: the cgroup kills the job."""
 
@@ -130,7 +134,7 @@ class FaultsConfig:
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
-        for name in ("oom_above_micro_batch", "gpu_memory_gib", "gpu_critical_at_step", "host_alloc_mb", "host_alloc_step", "nan_at_step", "grad_spike_at_step", "hang_at_step", "error_at_step"):
+        for name in ("oom_above_micro_batch", "oom_at_step", "gpu_memory_gib", "gpu_critical_at_step", "host_alloc_mb", "host_alloc_step", "nan_at_step", "grad_spike_at_step", "hang_at_step", "error_at_step"):
             value = getattr(self, name)
             if value is None or value < 0:
                 problems.append(Problem(f"faults.{name}", value, "0 (off) or a positive number"))
