@@ -45,3 +45,14 @@ def test_too_few_steps_is_an_error(tmp_path):
     writer.close()
     with pytest.raises(RuntimeError, match="only 0 steps"):
         _bench().overhead(tmp_path, spawned_at=0.0)
+
+
+def test_snapshot_cycle_is_the_step_time_after_each_snapshot_above_the_rest():
+    from types import SimpleNamespace
+
+    bench = _bench()
+    # 0.1 s steps; the first step after each snapshot (of steps 50, 75, ...) takes 30 ms more, the next one 5 ms
+    points = [SimpleNamespace(step=s, value=0.1 + {0: 0.03, 1: 0.005}.get((s - 1) % 25, 0.0)) for s in range(51, 801)]
+    got = bench.snapshot_cycle(points, 25)
+    assert got["after_snapshot_step_s"][:3] == [0.13, 0.105, 0.1]
+    assert got["in_step_overhead"] == pytest.approx(0.035 / 25 / 0.1, abs=1e-5)

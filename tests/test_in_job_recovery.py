@@ -241,11 +241,15 @@ def test_ingest_never_raises(tmp_path):
 
 
 # --- 2 ranks on the CPU ---------------------------------------------------------------------------------
-def _two_ranks(tmp_path: Path, faults, retries=2):
-    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 6, "ckpt_every": 2, "micro_batch_size": 4},
+def _two_ranks(tmp_path: Path, faults, retries=2, ckpt_every=2):
+    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 6, "ckpt_every": ckpt_every, "micro_batch_size": 4},
                    slurm={"tasks_per_node": 2}, faults=faults, resilience={"in_job_retries": retries})
     run_dir = tmp_path / "run"
     return run_dir, run_ranks(cfg, run_dir, world=2)
+
+
+def _steps_logged(out):
+    return sorted(int(line.split()[2]) for line in out.splitlines() if line.startswith("[hpc_agent] step "))
 
 
 def _journal(run_dir):
@@ -266,18 +270,14 @@ def test_two_ranks_repair_an_injected_oom_in_the_same_processes(tmp_path):
     (d,) = _journal(run_dir)
     assert d.patch == {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}  # 2 x 2 x 2 = 8: kept
     assert (d.cause, d.step, d.budget_left, d.attempt) == ("gpu_oom", 1, 1, 0)
-    assert sorted(int(line.split()[2]) for line in out.splitlines() if line.startswith("[hpc_agent] step ")) \
-        == [1, 2, 3, 4, 5, 6]
+    assert _steps_logged(out) == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.slow
 def test_an_oom_past_the_first_step_resumes_from_the_state_before_it_and_redoes_no_step(tmp_path):
     """No checkpoint since the start (ckpt_every 100): the state before step 4, intact after an OOM in its forward,
     is saved and loaded, so step 4 is the only step trained twice (its forward failed) and 1-3 are not redone."""
-    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 6, "ckpt_every": 100, "micro_batch_size": 4},
-                   slurm={"tasks_per_node": 2}, faults={"oom_at_step": 4}, resilience={"in_job_retries": 2})
-    run_dir = tmp_path / "run"
-    results = run_ranks(cfg, run_dir, world=2)
+    run_dir, results = _two_ranks(tmp_path, {"oom_at_step": 4}, ckpt_every=100)
     for r in results:
         assert r.returncode == 0, r.stdout[-4000:]
     out = results[0].stdout
@@ -286,8 +286,7 @@ def test_an_oom_past_the_first_step_resumes_from_the_state_before_it_and_redoes_
     (d,) = _journal(run_dir)
     assert d.patch == {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}  # the global batch is kept
     assert (d.cause, d.step, d.rollback_to_step) == ("gpu_oom", 4, None)
-    assert sorted(int(line.split()[2]) for line in out.splitlines() if line.startswith("[hpc_agent] step ")) \
-        == [1, 2, 3, 4, 5, 6]
+    assert _steps_logged(out) == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.slow
