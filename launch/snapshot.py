@@ -86,7 +86,8 @@ def _plain(kind: type) -> bool:
     """Instances of ``kind`` are copied by copying their ``__dict__`` (no custom copy or pickle protocol, no
     slots): DeepSpeed's ZeRO state holds one such small record (``fragment_address``) per parameter."""
     return (kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__
-            and kind.__getstate__ is object.__getstate__ and not hasattr(kind, "__deepcopy__")
+            and getattr(kind, "__getstate__", None) is getattr(object, "__getstate__", None)  # 3.11 added it
+            and not hasattr(kind, "__deepcopy__")
             and not hasattr(kind, "__slots__") and kind.__new__ is object.__new__)
 
 

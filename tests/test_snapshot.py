@@ -389,3 +389,35 @@ def test_exit_paths_wait_for_the_checkpoint_in_flight_and_forget_a_failed_one(tm
     trainer.saved_step = 6
     Trainer._saved_on_disk(trainer)
     assert trainer.saved_step == -1 and snaps.failed_full is None  # _save writes step 6 synchronously now
+
+
+class _Slots:
+    __slots__ = ("a",)
+
+
+class _OwnState:
+    def __getstate__(self):
+        return {}
+
+
+class _OwnCopy:
+    def __deepcopy__(self, memo):
+        return self
+
+
+class _OwnReduce:
+    def __reduce__(self):
+        return (_OwnReduce, ())
+
+
+class _Plain:
+    pass
+
+
+@pytest.mark.parametrize("kind, plain", [(_Plain, True), (_Slots, False), (_OwnState, False), (_OwnCopy, False),
+                                         (_OwnReduce, False)])
+def test_only_plain_records_are_copied_through_their_dict(kind, plain):
+    """A class with its own copy or pickle protocol (or slots) goes through deepcopy, which honours it."""
+    from launch.snapshot import _plain
+
+    assert _plain(kind) is plain
