@@ -18,6 +18,7 @@ the window, so both are charged the same wall time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -57,12 +58,20 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=1200.0, help="seconds both runs are followed (default 1200)")
     parser.add_argument("--every", type=float, default=180.0, help="seconds between faults (default 180)")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_ettr.json"))
+    parser.add_argument("--keep", metavar="DIR", help="keep both runs' directories under DIR (a new, empty folder) "
+                        "for a look afterwards; by default they go in a temporary folder that is removed")
     args = parser.parse_args()
     faults = schedule(args.window, args.every)
     print("schedule: " + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in faults), flush=True)
     # ignore_cleanup_errors: a cancelled job can still be writing its last checkpoint while the
     # directory is removed; the measurement is already written by then.
-    with tempfile.TemporaryDirectory(prefix="bench-ettr-", ignore_cleanup_errors=True) as tmp:
+    if args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
+        print(f"--keep {args.keep}: not an empty folder", file=sys.stderr)
+        return 2
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(args.keep) if args.keep
+          else tempfile.TemporaryDirectory(prefix="bench-ettr-", ignore_cleanup_errors=True)) as tmp:
         work = Path(tmp)
         watched = Target("watcher", work / "watcher", submit_run(work / "watcher", "configs/chaos.yaml",
                                                                   [*RUN, *SIDE["watcher"], "run.name=ettr-watcher", f"slurm.exclude={NODES['watcher']}"]))
@@ -96,7 +105,8 @@ def main() -> int:
                 "p3_steps_lost_per_signalled_preemption": p3(watched_records),
             },
             "targets": {s.name: {"ettr": s.ettr, "productive_s": s.productive_s, "wall_s": s.wall_s,
-                                 "last_step": _last_step(t), "series_continuous_to_last_step": _continuous(t)}
+                                 "last_step": _last_step(t), "series_continuous_to_last_step": _continuous(t),
+                                 "time_lost": s.time_lost}
                         for s, t in zip(summaries, (watched, native))},
             "faults": [r.to_dict() for r in driver.records],
             "when": time.strftime("%Y-%m-%dT%H:%M:%S"),

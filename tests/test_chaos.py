@@ -10,7 +10,7 @@ import pytest
 
 from hpc_agent.chaos.progress import Progress, Segment, parse_progress, recovered_segment, steps_lost
 from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ettr, fault_checks,
-                                    final_checkpoint_check, p3, passed, render)
+                                    final_checkpoint_check, p3, passed, render, time_lost)
 from hpc_agent.chaos.schedule import (DEFAULT_MIX, KINDS, Fault, ScheduleError, from_seed, load_schedule_text,
                                       parse_schedule)
 from tests.conftest import REPO, run_cli
@@ -208,6 +208,30 @@ def test_p3_counts_only_signalled_preemptions():
 ])
 def test_ettr(productive, start, end, expected):
     assert ettr(productive, start, end) == expected
+
+
+# (step, wall time as the step ended, step time): steps of 1 s from t=10, 0.01 s of loop work between steps
+STEADY = [(1, 11.0, 1.0), (2, 12.01, 1.0), (3, 13.02, 1.0)]
+
+
+@pytest.mark.parametrize("start, end, points, before, gaps, between, after", [
+    (0.0, 14.0, STEADY, 10.0, [], 0.02, 0.98),
+    # a recovery of 6 s between steps 3 and 4 (the redone steps included), then steady again
+    (0.0, 22.0, STEADY + [(4, 20.02, 1.0), (5, 21.03, 1.0)], 10.0, [{"before_step": 4, "at_s": 13.02, "s": 6.0}],
+     0.03, 0.97),
+    # two gaps, listed biggest first; an idle of exactly GAP_S (1 s) is still loop work
+    (5.0, 40.0, [(1, 6.0, 1.0), (2, 9.0, 1.0), (3, 11.0, 1.0), (4, 30.0, 1.0)], 0.0,
+     [{"before_step": 4, "at_s": 6.0, "s": 18.0}, {"before_step": 2, "at_s": 1.0, "s": 2.0}], 1.0, 10.0),
+    (0.0, 5.0, [], 5.0, [], 0.0, 0.0),                          # nothing trained: all of it before the first step
+    (0.0, 12.0, STEADY, 10.0, [], 0.0, 1.0),                    # steps that ended after the window do not count
+])
+def test_time_lost_splits_what_ettr_does_not_count(start, end, points, before, gaps, between, after):
+    lost = time_lost(start, end, points)
+    assert lost["before_first_step_s"] == before and lost["gaps"] == gaps
+    assert lost["between_steps_s"] == pytest.approx(between) and lost["after_last_step_s"] == pytest.approx(after)
+    productive = sum(p[2] for p in points if p[1] <= end)
+    assert lost["productive_s"] == pytest.approx(productive)
+    assert lost["lost_s"] == pytest.approx(end - start - productive, abs=1e-3)  # the parts add up
 
 
 def test_render_shows_every_fault_and_check():

@@ -52,4 +52,10 @@ def test_ci_chaos_run_recovers_every_fault_and_loses_nothing(tmp_path):
     assert target["completed"]
     checks = {c["name"]: c for c in target["checks"]}
     assert checks["continuous step series"]["ok"] and checks["final checkpoint complete"]["ok"]
+    # where the wall time ETTR does not count went: the parts add up, and each fault that ended the job is a gap
+    lost = target["time_lost"]
+    assert lost["productive_s"] == pytest.approx(target["productive_s"])
+    assert lost["lost_s"] == pytest.approx(target["wall_s"] - target["productive_s"], abs=0.2)
+    job_ending = [f for f in faults if f["kind"] in ("preempt", "nan", "kill_during_save", "gpu_oom", "host_oom")]
+    assert len(lost["gaps"]) >= len(job_ending), lost
     assert "chaos report" in proc.stdout and "ETTR" in proc.stdout

@@ -112,7 +112,8 @@ def run(config: str, overrides: Sequence[str], schedule, duration: float, runs_r
     if report_json:
         out = {"faults": [r.to_dict() for r in driver.records], "p3": p3(driver.records),
                "targets": [{"name": s.name, "completed": s.completed, "ettr": s.ettr, "productive_s": s.productive_s,
-                            "wall_s": s.wall_s, "checks": [c.__dict__ for c in s.checks]} for s in summaries],
+                            "wall_s": s.wall_s, "time_lost": s.time_lost, "checks": [c.__dict__ for c in s.checks]}
+                           for s in summaries],
                "run_dir": str(run_dir), "passed": passed(summaries)}
         atomic_write_json(Path(report_json), out)
     return EXIT_OK if passed(summaries) else EXIT_FAILED

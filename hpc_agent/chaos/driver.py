@@ -19,7 +19,7 @@ from hpc_agent import rundir
 from hpc_agent.chaos import inject
 from hpc_agent.chaos.progress import Progress, parse_progress, recovered_segment, steps_lost
 from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ettr, fault_checks,
-                                    final_checkpoint_check)
+                                    final_checkpoint_check, time_lost)
 from hpc_agent.chaos.schedule import (CTLD_RESTART, INTERRUPTING, KILL_DURING_SAVE, NODE_FAIL, PREEMPT,
                                       RUNTIME_KINDS, WATCHER_KILL, Fault)
 from hpc_agent.slurm.cli import SlurmCLI
@@ -291,23 +291,26 @@ class ChaosDriver:
     # --- the end --------------------------------------------------------------------------------------
     def _summary(self, t: Target, stopped_at: float) -> TargetSummary:
         from hpc_agent.metrics.tb_reader import RunScalars
-        from hpc_agent.runreview import review_run
+        from hpc_agent.runreview import STEP_TIME, review_run
         from hpc_agent import checkpoints as checkpoint
 
         max_steps = t.config().train.max_steps
         review = review_run(t.run_dir, t.root, now=t.done_at or stopped_at)
         start = _created_at(t)
         end = t.done_at or stopped_at
-        scalars = RunScalars(rundir.tb_dir(t.run_dir), tags=("train/loss",))
+        scalars = RunScalars(rundir.tb_dir(t.run_dir), tags=("train/loss", STEP_TIME))
         scalars.update()
+        kept = [(p.step, p.wall_time, p.value) for p in scalars.series(STEP_TIME)]  # as ETTR counts them
         selection = checkpoint.select(checkpoint.scan(rundir.checkpoints_dir(t.run_dir)))
         chosen = selection.chosen
         checks = [final_checkpoint_check(chosen.step if chosen else None,
                                          selection.skipped[0][1] if selection.skipped else None, max_steps),
                   continuity_check([p.step for p in scalars.series("train/loss")], max_steps),
                   *fault_checks([r for r in self.records if r.target == t.name])]
-        return TargetSummary(t.name, t.done_at is not None, max_steps, ettr(review["productive_s"], start, end),
-                             review["productive_s"], round(end - start, 1) if start else 0.0, checks)
+        lost = time_lost(start, end, kept) if start else None
+        productive = lost["productive_s"] if lost else review["productive_s"]  # steps that ended in the window
+        return TargetSummary(t.name, t.done_at is not None, max_steps, ettr(productive, start, end), productive,
+                             round(end - start, 1) if start else 0.0, checks, lost)
 
 
 def _created_at(t: Target) -> Optional[float]:
