@@ -61,16 +61,17 @@ def main() -> int:
     parser.add_argument("--keep", metavar="DIR", help="keep both runs' directories under DIR (a new, empty folder) "
                         "for a look afterwards; by default they go in a temporary folder that is removed")
     args = parser.parse_args()
+    keep = Path(args.keep) if args.keep else None
+    if keep is not None and keep.exists() and any(keep.iterdir()):
+        print(f"--keep {keep}: not an empty folder", file=sys.stderr)
+        return 2
     faults = schedule(args.window, args.every)
     print("schedule: " + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in faults), flush=True)
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
     # ignore_cleanup_errors: a cancelled job can still be writing its last checkpoint while the
     # directory is removed; the measurement is already written by then.
-    if args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
-        print(f"--keep {args.keep}: not an empty folder", file=sys.stderr)
-        return 2
-    if args.keep:
-        Path(args.keep).mkdir(parents=True, exist_ok=True)
-    with (contextlib.nullcontext(args.keep) if args.keep
+    with (contextlib.nullcontext(keep) if keep is not None
           else tempfile.TemporaryDirectory(prefix="bench-ettr-", ignore_cleanup_errors=True)) as tmp:
         work = Path(tmp)
         watched = Target("watcher", work / "watcher", submit_run(work / "watcher", "configs/chaos.yaml",

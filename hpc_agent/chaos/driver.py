@@ -291,11 +291,10 @@ class ChaosDriver:
     # --- the end --------------------------------------------------------------------------------------
     def _summary(self, t: Target, stopped_at: float) -> TargetSummary:
         from hpc_agent.metrics.tb_reader import RunScalars
-        from hpc_agent.runreview import STEP_TIME, review_run
+        from hpc_agent.runreview import STEP_TIME
         from hpc_agent import checkpoints as checkpoint
 
         max_steps = t.config().train.max_steps
-        review = review_run(t.run_dir, t.root, now=t.done_at or stopped_at)
         start = _created_at(t)
         end = t.done_at or stopped_at
         scalars = RunScalars(rundir.tb_dir(t.run_dir), tags=("train/loss", STEP_TIME))
@@ -308,7 +307,7 @@ class ChaosDriver:
                   continuity_check([p.step for p in scalars.series("train/loss")], max_steps),
                   *fault_checks([r for r in self.records if r.target == t.name])]
         lost = time_lost(start, end, kept) if start else None
-        productive = lost["productive_s"] if lost else review["productive_s"]  # steps that ended in the window
+        productive = lost["productive_s"] if lost else sum(p[2] for p in kept)  # steps that ended in the window
         return TargetSummary(t.name, t.done_at is not None, max_steps, ettr(productive, start, end), productive,
                              round(end - start, 1) if start else 0.0, checks, lost)
 

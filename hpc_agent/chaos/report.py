@@ -69,10 +69,7 @@ def time_lost(start: float, end: float, points: Sequence[Tuple[int, float, float
     between steps, and after the last step."""
     points = sorted(p for p in points if p[1] <= end)
     productive = sum(p[2] for p in points)
-    if not points:
-        return {"productive_s": 0.0, "before_first_step_s": round(end - start, 3), "gaps": [], "gaps_s": 0.0,
-                "between_steps_s": 0.0, "after_last_step_s": 0.0, "lost_s": round(end - start, 3)}
-    before = points[0][1] - points[0][2] - start
+    before = points[0][1] - points[0][2] - start if points else end - start  # nothing trained: all of it
     gaps: List[Dict[str, Any]] = []
     between = 0.0
     for (_, wall_a, _), (step_b, wall_b, time_b) in zip(points, points[1:]):
@@ -81,7 +78,7 @@ def time_lost(start: float, end: float, points: Sequence[Tuple[int, float, float
             gaps.append({"before_step": step_b, "at_s": round(wall_a - start, 3), "s": round(idle, 3)})
         else:
             between += idle
-    after = end - points[-1][1]
+    after = end - points[-1][1] if points else 0.0
     gaps_s = sum(g["s"] for g in gaps)
     return {"productive_s": round(productive, 3), "before_first_step_s": round(before, 3),
             "gaps": sorted(gaps, key=lambda g: -g["s"]),
