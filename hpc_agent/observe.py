@@ -166,7 +166,16 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars]) -> Run
 
 def attempt_start(attempt: Attempt) -> Optional[float]:
     """When sacct says this attempt started (epoch seconds; sacct prints local time), None while unknown."""
-    text = attempt.primary.get("Start") if attempt.primary is not None else ""
+    return sacct_epoch(attempt.start)
+
+
+def attempt_end(attempt: Attempt) -> Optional[float]:
+    """When sacct says this attempt ended (epoch seconds), None while it runs (``Unknown``) or is unknown."""
+    return sacct_epoch(attempt.end)
+
+
+def sacct_epoch(text: str) -> Optional[float]:
+    """sacct's ``2026-12-03T19:17:53`` (local time, whole seconds) as epoch seconds; None for anything else."""
     try:
         return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:

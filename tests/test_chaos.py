@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hpc_agent.chaos.progress import Progress, Segment, parse_progress, recovered_segment, steps_lost
-from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ettr, fault_checks,
+from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, ettr, fault_checks,
                                     final_checkpoint_check, p3, passed, render, time_lost)
 from hpc_agent.chaos.schedule import (DEFAULT_MIX, KINDS, Fault, ScheduleError, from_seed, load_schedule_text,
                                       parse_schedule)
@@ -234,13 +234,28 @@ def test_time_lost_splits_what_ettr_does_not_count(start, end, points, before, g
     assert lost["lost_s"] == pytest.approx(end - start - productive, abs=1e-3)  # the parts add up
 
 
+@pytest.mark.parametrize("ends, injected, until, expected", [
+    ([], 100.0, 200.0, None),                      # sacct knows no end yet
+    ([50.0], 100.0, 200.0, None),                  # an earlier attempt's end is not this fault's
+    ([104.0, 130.0], 100.3, 200.0, 4.2),           # the first end after the injection, mid-second
+    ([100.0], 100.3, 200.0, 0.2),                  # ended within the injection's own second
+    ([99.0], 100.3, 200.0, None),                  # that second was over before the injection
+    ([100.0], 100.8, 200.0, 0.0),                  # never negative
+    ([250.0], 100.0, 200.0, None),                 # after the recovery: a later attempt's end
+])
+def test_ended_after_takes_the_first_attempt_end_after_the_injection(ends, injected, until, expected):
+    assert ended_after(ends, injected, until) == expected
+
+
 def test_render_shows_every_fault_and_check():
     records = [_rec("preempt"), FaultRecord("nan", "watched", 30, injected_at_s=31, detected_cause="diverged",
-                                            decision="resubmit", recovery_s=9.2, steps_lost=154, recovered=True)]
+                                            decision="resubmit", recovery_s=9.2, ended_after_s=7.3, steps_lost=154,
+                                            recovered=True)]
     summary = TargetSummary("watched", True, 100, 0.5, 50.0, 100.0,
                             [continuity_check(list(range(1, 101)), 100), final_checkpoint_check(90, None, 100)])
     text = render(records, [summary])
     assert "preempt" in text and "diverged" in text and "resubmit" in text and "154" in text
+    assert "ended_s" in text and " 9.2     7.3 " in text
     assert "ETTR 0.500" in text and "[ok] continuous step series" in text and "[FAIL] final checkpoint" in text
     assert not passed([summary])
 
@@ -401,6 +416,7 @@ def test_an_in_job_repair_is_attributed_to_the_event_the_watcher_writes_after_tr
     monkeypatch.setattr(chaos_driver.time, "time", lambda: clock[0])
     target, said = _FakeTarget(), []
     chaos = ChaosDriver([target], [], duration_s=60, out=said.append, slurm=object())
+    monkeypatch.setattr(chaos, "_attempt_ends", lambda t: [900.0])  # sacct: the only attempt end predates the fault
     rec = FaultRecord("nan", "watcher", 30.0)
     chaos.open.append(_Open(rec, target, target.progress(), injected=1000.0, events_seen=1))
     clock[0] = 1004.0  # rolled back to step 30 and trained on: recovered, but no event yet
@@ -412,6 +428,7 @@ def test_an_in_job_repair_is_attributed_to_the_event_the_watcher_writes_after_tr
     chaos._follow_recoveries()
     assert not chaos.open
     assert (rec.detected_cause, rec.decision, rec.recovery_s, rec.steps_lost) == ("diverged", "in_job_repair", 4.0, 10)
+    assert rec.ended_after_s is None  # repaired inside the job: no attempt ended
     assert said[-1].endswith("recovered in 4.0s, cause diverged, decision in_job_repair, steps lost 10")
 
     # without a watcher's event the record is closed ATTRIBUTION_WAIT_S after the recovery, unattributed
@@ -424,3 +441,21 @@ def test_an_in_job_repair_is_attributed_to_the_event_the_watcher_writes_after_tr
     clock[0] = 1103.0 + ATTRIBUTION_WAIT_S + 0.5
     chaos._follow_recoveries()
     assert not chaos.open and rec2.detected_cause is None and rec2.recovery_s == 3.0
+
+
+def test_attempt_end_reads_sacct_end_and_none_while_running():
+    """The chaos driver's attempt ends come from sacct's End through the same attempt grouping the watcher uses."""
+    import datetime as dt
+
+    from hpc_agent.observe import attempt_end, attempt_start
+    from hpc_agent.slurm.sacct import group_attempts, parse_sacct
+
+    text = ("JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed\n"
+            "41|hpc_agent:r|OUT_OF_MEMORY|0:125|node1|2026-12-03T19:17:15|2026-12-03T19:17:53|00:00:38\n"
+            "41.batch|batch|FAILED|1:0|node1|2026-12-03T19:17:15|2026-12-03T19:17:53|00:00:38\n"
+            "42|hpc_agent:r|RUNNING|0:0|node1|2026-12-03T19:17:55|Unknown|00:00:05\n")
+    attempts = group_attempts(parse_sacct(text))
+    (ended,), (running,) = attempts["41"], attempts["42"]
+    assert attempt_end(ended) == dt.datetime(2026, 12, 3, 19, 17, 53).timestamp()
+    assert attempt_end(ended) - attempt_start(ended) == 38.0
+    assert attempt_end(running) is None and attempt_start(running) is not None

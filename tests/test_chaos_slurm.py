@@ -58,4 +58,9 @@ def test_ci_chaos_run_recovers_every_fault_and_loses_nothing(tmp_path):
     assert lost["lost_s"] == pytest.approx(target["wall_s"] - target["productive_s"], abs=0.2)
     job_ending = [f for f in faults if f["kind"] in ("preempt", "nan", "kill_during_save", "gpu_oom", "host_oom")]
     assert len(lost["gaps"]) >= len(job_ending), lost
+    # each of those ended its attempt: sacct's end (whole seconds) lies between the injection and the recovery
+    for f in job_ending:
+        assert f["ended_after_s"] is not None and 0 <= f["ended_after_s"] <= f["recovery_s"] + 0.5, f
+    # no attempt ends for the faults that do not end the job
+    assert all(f["ended_after_s"] is None for f in faults if f["kind"] in ("watcher_kill", "slurmctld_restart")), faults
     assert "chaos report" in proc.stdout and "ETTR" in proc.stdout

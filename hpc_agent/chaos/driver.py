@@ -18,11 +18,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 from hpc_agent import rundir
 from hpc_agent.chaos import inject
 from hpc_agent.chaos.progress import Progress, parse_progress, recovered_segment, steps_lost
-from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ettr, fault_checks,
+from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, ettr, fault_checks,
                                     final_checkpoint_check, time_lost)
 from hpc_agent.chaos.schedule import (CTLD_RESTART, INTERRUPTING, KILL_DURING_SAVE, NODE_FAIL, PREEMPT,
                                       RUNTIME_KINDS, WATCHER_KILL, Fault)
-from hpc_agent.slurm.cli import SlurmCLI
+from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
 STALL_S = 30.0  # a target whose last logged step has not moved for this long is not training
 ATTRIBUTION_WAIT_S = 20.0
@@ -263,6 +263,18 @@ class ChaosDriver:
                 continue
             self._close(o, now)
 
+    def _attempt_ends(self, t: Target) -> List[float]:
+        """sacct's End of every attempt of the target's jobs (epoch seconds); [] if sacct cannot say."""
+        from hpc_agent.observe import attempt_end
+        from hpc_agent.slurm.sacct import SacctFormatError, group_attempts, parse_sacct
+
+        try:
+            attempts = group_attempts(parse_sacct(self.slurm.sacct(t.job_ids())))
+        except (SlurmError, SacctFormatError) as exc:
+            self.say(f"  no attempt end times from sacct: {exc}")
+            return []
+        return [e for job in attempts.values() for a in job if (e := attempt_end(a)) is not None]
+
     @staticmethod
     def _acted(o: _Open) -> List[Dict]:
         """The events since the injection that record a cause and what was decided about it."""
@@ -271,6 +283,8 @@ class ChaosDriver:
 
     def _close(self, o: _Open, now: Progress) -> None:
         rec = o.record
+        if rec.kind in INTERRUPTING:
+            rec.ended_after_s = ended_after(self._attempt_ends(o.target), o.injected, time.time())
         acted = self._acted(o)
         if acted:
             rec.detected_cause, rec.decision = _attribution(acted[0])
@@ -278,7 +292,8 @@ class ChaosDriver:
             rec.detected_cause, rec.decision = "none needed", "none"
         self._restore_node(o)
         self.open.remove(o)
-        self.say(f"{o.target.name}: {rec.kind} " + (f"recovered in {rec.recovery_s}s, cause {rec.detected_cause}, "
+        ended = f" (the attempt ended {rec.ended_after_s}s after the injection)" if rec.ended_after_s is not None else ""
+        self.say(f"{o.target.name}: {rec.kind} " + (f"recovered in {rec.recovery_s}s{ended}, cause {rec.detected_cause}, "
                                                     f"decision {rec.decision}, steps lost {rec.steps_lost}"
                                                     if rec.recovered else f"NOT recovered: {rec.note}"))
 

@@ -25,6 +25,12 @@ class FaultRecord:
     detected_cause: Optional[str] = None
     decision: Optional[str] = None
     recovery_s: Optional[float] = None
+    """Seconds from the injection to the first step trained after it (a new attempt, or past an in-job repair)."""
+    ended_after_s: Optional[float] = None
+    """Seconds from the injection to the end of the attempt it ended (sacct's End, whole seconds, taken as the
+    middle of its second): ``recovery_s`` minus this is the time from that end to the first resumed step. None
+    for a fault repaired inside the job. A host OOM's share before the end is the fault developing (the
+    allocation growing to the limit), not the recovery."""
     steps_lost: Optional[int] = None
     resumed_from: Optional[int] = None
     last_step_before: Optional[int] = None
@@ -84,6 +90,13 @@ def time_lost(start: float, end: float, points: Sequence[Tuple[int, float, float
             "gaps": sorted(gaps, key=lambda g: -g["s"]),
             "gaps_s": round(gaps_s, 3), "between_steps_s": round(between, 3), "after_last_step_s": round(after, 3),
             "lost_s": round(before + gaps_s + between + after, 3)}
+
+
+def ended_after(ends: Sequence[float], injected_at: float, until: float) -> Optional[float]:
+    """Seconds from ``injected_at`` to the first attempt end in ``ends`` (sacct's End as epoch seconds; the
+    attempt ended within that second) that lies between the injection and ``until``; None if none does."""
+    hit = [e for e in ends if e + 1.0 > injected_at and e <= until]
+    return round(max(0.0, min(hit) + 0.5 - injected_at), 1) if hit else None
 
 
 def ettr(productive_s: float, start: Optional[float], end: Optional[float]) -> Optional[float]:
@@ -146,12 +159,12 @@ def _fmt(value: Any, spec: str = "") -> str:
 def render(records: Sequence[FaultRecord], targets: Sequence[TargetSummary]) -> str:
     """The report as plain text (it goes to a terminal and to CI logs)."""
     head = f"{'#':>2} {'target':<9} {'fault':<18} {'at_s':>6} {'detected cause':<16} {'decision':<11} " \
-           f"{'recovery_s':>10} {'lost':>5}  note"
+           f"{'recovery_s':>10} {'ended_s':>7} {'lost':>5}  note"
     lines = ["chaos report", head, "-" * len(head)]
     for i, r in enumerate(records, 1):
         lines.append(f"{i:>2} {r.target:<9} {r.kind:<18} {_fmt(r.injected_at_s, '.0f'):>6} "
                      f"{_fmt(r.detected_cause):<16} {_fmt(r.decision):<11} {_fmt(r.recovery_s, '.1f'):>10} "
-                     f"{_fmt(r.steps_lost):>5}  {r.note}")
+                     f"{_fmt(r.ended_after_s, '.1f'):>7} {_fmt(r.steps_lost):>5}  {r.note}")
     for t in targets:
         lines.append(f"{t.name}: {'completed' if t.completed else 'NOT completed'} {t.max_steps} steps; "
                      f"ETTR {_fmt(t.ettr, '.3f')} (productive {t.productive_s:.0f} s / wall {t.wall_s:.0f} s)")
