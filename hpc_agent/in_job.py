@@ -15,6 +15,13 @@ pairs (each a JSON text); an escalation to a rollback is then followed by the re
 number (``launch.tblog.attempt_number``). The file is written by the job, so here it is untrusted:
 read bounded, regular files only, every field checked; a malformed line is skipped and said once.
 
+The job also writes each repair's patch into the run's ``config.yaml`` (:func:`carry_into_config`), the file
+every later attempt of the run loads: a requeue, the successor a preempted job submits of itself, and the
+watcher's resubmission (which patches that file). Without it the next job started from the submitted settings
+again, ran out of memory again or diverged again at the old learning rate (P2 run 13: the successor of a
+preempted job trained at ``micro_batch_size`` 8 again after the job's repair to 4; the watcher's resubmission
+after a host OOM at ``lr`` 1e-3 again after the job's cut to 5e-4).
+
 Each valid line becomes one audit record in the ledger (so ``events.jsonl``, ``review`` and ``diagnose``
 see it) shaped like the watcher's own decision records, plus ``decided_in: "job"``, ``in_job_seq`` and
 ``step``. Exactly once: the insert and the check of the highest ``in_job_seq`` already recorded for the
@@ -279,3 +286,21 @@ class InJobIngest:
         if (run_id, text) not in self._said:
             self._said.add((run_id, text))
             self.say(run_id, text)
+
+
+def carry_into_config(run_dir: Path, patch: Mapping[str, Any]) -> str:
+    """Apply ``patch`` to the run's ``config.yaml`` (validated again, written atomically), so every later attempt
+    starts with it; returns what was done, for the job's log. A run directory without one (a job started by hand
+    on a config elsewhere) keeps the patch in the journal only: its own config file is not the job's to change.
+    Raises OSError or ConfigError; the caller says so and trains on."""
+    from hpc_agent.config.load import to_yaml
+    from hpc_agent.fsutil import atomic_write_text
+    from hpc_agent.policy import apply_patch
+
+    path = rundir.config_path(run_dir)
+    if not patch:
+        return "nothing to carry"
+    if not os.path.lexists(path):
+        return f"not carried into {path.name}: the run directory has none (the journal keeps it)"
+    atomic_write_text(path, to_yaml(apply_patch(rundir.load_config(run_dir), patch)))  # refuses a link (read_text)
+    return f"carried into {path.name} for later attempts"

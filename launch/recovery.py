@@ -21,9 +21,10 @@ parameter gathers are collectives.
 
 When the budget is spent the job exits with the cause's exit code as before (OOM 71, NaN 76); a spike or
 a loss-scale collapse then is only logged, as before. Each repair appends a line to the run's in-job
-journal (rank 0, fsynced; format: ``hpc_agent.in_job``). A later attempt of the *same Slurm job* (a
-requeue) starts with the patches its earlier attempts recorded, so it does not run out of memory again;
-a watcher resubmission is a new job and carries its own config.
+journal (rank 0, fsynced; format: ``hpc_agent.in_job``) and goes into the run's ``config.yaml``
+(``in_job.carry_into_config``), which every later job of the run loads (a hand-over successor, a watcher
+resubmission); a later attempt of the *same Slurm job* (a requeue) also starts with the patches its earlier
+attempts recorded in the journal, so it does not run out of memory again even when that write failed.
 """
 from __future__ import annotations
 
@@ -206,6 +207,10 @@ class InJobRecovery:
                 p.rollback_to_step, (fault.detail[:in_job.MAX_TEXT],), time.time(), self.left, p.reason[:in_job.MAX_TEXT],
                 before))
             _append_synced(rundir.in_job_journal_path(self.run_dir), line)
+            try:
+                self.say(f"in-job repair settings {in_job.carry_into_config(self.run_dir, p.patch)}")
+            except Exception as exc:  # noqa: BLE001 - the repair itself stands; a requeue still reads the journal
+                self.say(f"in-job repair settings not carried into {rundir.CONFIG}: {type(exc).__name__}: {exc}")
             if fault.cause == Cause.DIVERGED.value:
                 moved = checkpoints.set_aside_after(self.run_dir, p.rollback_to_step, fault.divergence_step)
                 if moved:

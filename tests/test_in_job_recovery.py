@@ -241,10 +241,12 @@ def test_ingest_never_raises(tmp_path):
 
 
 # --- 2 ranks on the CPU ---------------------------------------------------------------------------------
-def _two_ranks(tmp_path: Path, faults, retries=2, ckpt_every=2):
-    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 6, "ckpt_every": ckpt_every, "micro_batch_size": 4},
-                   slurm={"tasks_per_node": 2}, faults=faults, resilience={"in_job_retries": retries})
+def _two_ranks(tmp_path: Path, faults, retries=2, ckpt_every=2, as_submitted=False):
+    """``as_submitted``: the config snapshot is the run directory's ``config.yaml``, as ``submit`` writes it."""
     run_dir = tmp_path / "run"
+    cfg = snapshot(rundir.config_path(run_dir) if as_submitted else tmp_path / "cfg.yaml",
+                   train={"max_steps": 6, "ckpt_every": ckpt_every, "micro_batch_size": 4},
+                   slurm={"tasks_per_node": 2}, faults=faults, resilience={"in_job_retries": retries})
     return run_dir, run_ranks(cfg, run_dir, world=2)
 
 
@@ -260,7 +262,7 @@ def _journal(run_dir):
 
 @pytest.mark.slow
 def test_two_ranks_repair_an_injected_oom_in_the_same_processes(tmp_path):
-    run_dir, results = _two_ranks(tmp_path, {"oom_above_micro_batch": 2})
+    run_dir, results = _two_ranks(tmp_path, {"oom_above_micro_batch": 2}, as_submitted=True)
     for r in results:
         assert r.returncode == 0, r.stdout[-4000:]
         assert "fault: out of memory in forward" in r.stdout
@@ -271,6 +273,10 @@ def test_two_ranks_repair_an_injected_oom_in_the_same_processes(tmp_path):
     assert d.patch == {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}  # 2 x 2 x 2 = 8: kept
     assert (d.cause, d.step, d.budget_left, d.attempt) == ("gpu_oom", 1, 1, 0)
     assert _steps_logged(out) == [1, 2, 3, 4, 5, 6]
+    # the next job of the run (a successor, a resubmission) loads config.yaml: it starts with the repair
+    assert "in-job repair settings carried into config.yaml for later attempts" in out
+    train = rundir.load_config(run_dir).train
+    assert (train.micro_batch_size, train.grad_accum_steps, train.lr) == (2, 2, 1e-3)
 
 
 @pytest.mark.slow
@@ -287,11 +293,14 @@ def test_an_oom_past_the_first_step_resumes_from_the_state_before_it_and_redoes_
     assert d.patch == {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}  # the global batch is kept
     assert (d.cause, d.step, d.rollback_to_step) == ("gpu_oom", 4, None)
     assert _steps_logged(out) == [1, 2, 3, 4, 5, 6]
+    # started by hand on a config elsewhere: that file is not the job's to change, and none is made
+    assert "not carried into config.yaml: the run directory has none" in out
+    assert not rundir.config_path(run_dir).exists() and "micro_batch_size: 4" in (tmp_path / "cfg.yaml").read_text()
 
 
 @pytest.mark.slow
 def test_two_ranks_roll_back_an_injected_nan_with_a_lower_lr(tmp_path):
-    run_dir, results = _two_ranks(tmp_path, {"nan_at_step": 4})
+    run_dir, results = _two_ranks(tmp_path, {"nan_at_step": 4}, as_submitted=True)
     for r in results:
         assert r.returncode == 0, r.stdout[-4000:]
     out = results[0].stdout
@@ -302,6 +311,7 @@ def test_two_ranks_roll_back_an_injected_nan_with_a_lower_lr(tmp_path):
     after = [line for line in out.splitlines() if line.startswith("[hpc_agent] step 3 ")]
     assert len(after) == 2 and "lr 5.000e-04" in after[1]  # step 3 again, at half the learning rate
     assert "loss nan" not in out
+    assert rundir.load_config(run_dir).train.lr == 5e-4  # and so does every later job of the run
 
 
 @pytest.mark.slow
@@ -465,3 +475,55 @@ def test_the_precheck_margin_and_edges():
     med, scale = 1.01, 0.05 * 1.01
     assert newest_loss_may_alarm(flat + [med + 5.5 * scale], window=50, rel_floor=0.05)
     assert not newest_loss_may_alarm(flat + [med + 5.3 * scale], window=50, rel_floor=0.05)
+
+
+def _submitted(tmp_path, **train):
+    from hpc_agent.submission import write_config
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_config(run_dir, _cfg(**train))
+    return run_dir
+
+
+def test_a_repair_is_carried_into_the_runs_config_for_later_jobs(tmp_path):
+    """What the job writes after a repair: config.yaml with the patch applied and nothing else changed, validated,
+    written atomically with the folder's mode; a second repair builds on the first."""
+    run_dir = _submitted(tmp_path)
+    before = rundir.load_config(run_dir)
+    said = in_job.carry_into_config(run_dir, {"train.micro_batch_size": 2, "train.grad_accum_steps": 2})
+    assert said == "carried into config.yaml for later attempts"
+    in_job.carry_into_config(run_dir, {"train.lr": 5e-4})
+    after = rundir.load_config(run_dir)
+    assert (after.train.micro_batch_size, after.train.grad_accum_steps, after.train.lr) == (2, 2, 5e-4)
+    assert after.slurm == before.slurm and after.model == before.model
+    assert oct(os.stat(rundir.config_path(run_dir)).st_mode & 0o777) == "0o600"
+    assert [p.name for p in run_dir.iterdir()] == ["config.yaml"]  # no temp file left
+    assert in_job.carry_into_config(run_dir, {}) == "nothing to carry"
+
+
+def test_carrying_refuses_a_link_and_an_invalid_patch_and_leaves_the_file_alone(tmp_path):
+    from hpc_agent.config.problems import ConfigError
+
+    run_dir = _submitted(tmp_path)
+    text = rundir.config_path(run_dir).read_text()
+    with pytest.raises(ConfigError):
+        in_job.carry_into_config(run_dir, {"train.micro_batch_size": 0})
+    assert rundir.config_path(run_dir).read_text() == text
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text(text)
+    rundir.config_path(run_dir).unlink()
+    rundir.config_path(run_dir).symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        in_job.carry_into_config(run_dir, {"train.lr": 5e-4})
+    assert elsewhere.read_text() == text and rundir.config_path(run_dir).is_symlink()
+
+
+def test_every_job_of_a_submitted_run_loads_the_runs_config_yaml(tmp_path):
+    """Why carrying into config.yaml reaches later attempts: submit points the job at it, and a hand-over successor
+    (the same job script and pickle) and a watcher resubmission (effects._resubmit writes it) do too."""
+    from hpc_agent.submission import job_for
+
+    run_dir = _submitted(tmp_path)
+    job = job_for(run_dir, rundir.load_config(run_dir), rundir.config_path(run_dir))
+    assert Path(job.config_path) == rundir.config_path(run_dir)
