@@ -11,9 +11,10 @@ so a resumed attempt that finds the same file does not fire it again (unlike ``c
 tied to a step and replay when a resume goes back before it).
 
 - ``nan``: the loss of the next micro-step is NaN: an in-job rollback, or with no in-job retries left the job
-  exits 76 (diverged).
+  exits 65 (``exitcodes.DIVERGED``).
 - ``gpu_oom``: a CUDA-style ``torch.OutOfMemoryError`` from the next forward: an in-job repair takes the OOM
-  ladder's next rung, or, with no in-job retries left (``resilience.in_job_retries``), the job exits 71.
+  ladder's next rung, or, with no in-job retries left (``resilience.in_job_retries``), the job exits 3
+  (``exitcodes.OUT_OF_MEMORY``).
 - ``host_oom``: rank 0 allocates and touches ``mb`` MB of host memory (the cgroup kills the job).
 - ``kill_during_save``: at the next checkpoint save, rank 0 stops after every rank's shards are on
   disk and *before* ``COMPLETE.json`` is written, writes ``chaos/in_save.json`` and sleeps

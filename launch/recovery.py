@@ -19,11 +19,11 @@ an OOM inside a collective or in ``backward``/``step`` (its peers are inside gra
 and an OOM in an NCCL call can wedge the communicator), or an OOM under ZeRO-3 in a forward, whose
 parameter gathers are collectives.
 
-When the budget is spent the job exits with the cause's exit code as before (OOM 71, NaN 76); a spike or
-a loss-scale collapse then is only logged, as before. Each repair appends a line to the run's in-job
-journal (rank 0, fsynced; format: ``hpc_agent.in_job``) and goes into the run's ``config.yaml``
-(``in_job.carry_into_config``), which every later job of the run loads (a hand-over successor, a watcher
-resubmission); a later attempt of the *same Slurm job* (a requeue) also starts with the patches its earlier
+When the budget is spent the job exits with the cause's exit code as before (OOM 3, NaN 65:
+``launch/exitcodes.py``); a spike or a loss-scale collapse then is only logged, as before. Each repair
+appends a line to the run's in-job journal (rank 0, fsynced; format: ``hpc_agent.in_job``) and goes into
+the run's ``config.yaml`` (``in_job.carry_into_config``), which every later job of the run loads (a
+hand-over successor, a watcher resubmission); a later attempt of the *same Slurm job* (a requeue) also starts with the patches its earlier
 attempts recorded in the journal, so it does not run out of memory again even when that write failed.
 """
 from __future__ import annotations
