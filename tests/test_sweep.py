@@ -426,3 +426,41 @@ def distribution_map(spec):
     from hpc_agent.sweep.spec import distributions
 
     return distributions(spec)
+
+
+def test_sweep_json_is_published_only_once_its_study_exists(tmp_path, monkeypatch):
+    """A reader finds the study through sweep.json, and opening an Optuna storage creates its tables:
+    a reader that came before the driver's own creation raced it ("table ... already exists", which
+    killed a driver at start-up in CI while the test polled the study)."""
+    import argparse
+
+    import hpc_agent.sweep.__main__ as sweep_main
+    from hpc_agent.review_sweep import SWEEP_FILE, load_rows
+
+    spec = parse_spec(dict(BASE, name="s", seed=0))
+    args = argparse.Namespace(config="quickstart", overrides=["train.max_steps=100"])
+    seen = {}
+    real_open = sweep_main.open_study
+
+    def open_and_look(*a, **kw):
+        seen["published before the study"] = (tmp_path / SWEEP_FILE).exists()
+        return real_open(*a, **kw)
+
+    monkeypatch.setattr(sweep_main, "open_study", open_and_look)
+    study = sweep_main.start_study(spec, args, tmp_path, tmp_path.parent, max_steps=100)
+    assert seen == {"published before the study": False}
+    study.ask(distribution_map(spec))
+    report = load_rows(tmp_path)  # what a reader gets once sweep.json is there: the study, with its trial
+    assert report["sweep"]["storage"] == f"sqlite:///{tmp_path / 'study.db'}"
+    assert [r["state"] for r in report["trials"]] == ["running"]
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+
+    def refuse(*a, **kw):
+        raise RuntimeError("storage refused")
+
+    monkeypatch.setattr(sweep_main, "open_study", refuse)
+    with pytest.raises(RuntimeError):
+        sweep_main.start_study(spec, args, broken, tmp_path, max_steps=100)
+    assert not (broken / SWEEP_FILE).exists()  # nothing points readers at a study that was never made

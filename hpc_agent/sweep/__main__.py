@@ -104,6 +104,26 @@ def open_study(spec: SweepSpec, url: str, max_steps: int):
     return study
 
 
+def start_study(spec: SweepSpec, args, sweep_dir: Path, runs_root: Path, max_steps: int):
+    """Open (or create) the study, then publish ``sweep.json``, which readers use to find it.
+
+    In this order because a reader that opens an Optuna storage creates its tables: one that found
+    ``sweep.json`` before the study existed raced the driver's own table creation, and the loser
+    failed with "table ... already exists" (seen as a sweep driver dying at start-up while a
+    review polled it).
+    """
+    from hpc_agent.fsutil import atomic_write_json
+    from hpc_agent.review_sweep import SWEEP_FILE
+
+    url = storage_url(spec, sweep_dir)
+    study = open_study(spec, url, max_steps)
+    atomic_write_json(sweep_dir / SWEEP_FILE, {
+        "name": spec.name, "config": args.config, "overrides": args.overrides, "storage": url, "tag": spec.tag,
+        "direction": spec.direction, "trials": spec.trials, "parallel": spec.parallel,
+        "startup_trials": spec.startup_trials, "pruner": spec.pruner.kind, "runs_root": str(runs_root)})
+    return study
+
+
 def dry_run(spec: SweepSpec, args, runs_root: Path, sweep_dir: Path) -> int:
     optuna = optuna_module()
 
@@ -154,7 +174,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_SLURM
 
     from hpc_agent.filemodes import make_dir
-    from hpc_agent.fsutil import atomic_write_json, hold_lock
+    from hpc_agent.fsutil import hold_lock
     from hpc_agent.ledger import Ledger
     from hpc_agent.sweep.driver import SweepDriver
 
@@ -163,12 +183,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if lock is None:
         print(f"another sweep driver runs on {sweep_dir} (driver.lock is held)", file=sys.stderr)
         return EXIT_LOCKED
+    study = start_study(spec, args, sweep_dir, runs_root, base.train.max_steps)
     url = storage_url(spec, sweep_dir)
-    atomic_write_json(sweep_dir / "sweep.json", {
-        "name": spec.name, "config": args.config, "overrides": args.overrides, "storage": url, "tag": spec.tag,
-        "direction": spec.direction, "trials": spec.trials, "parallel": spec.parallel,
-        "startup_trials": spec.startup_trials, "pruner": spec.pruner.kind, "runs_root": str(runs_root)})
-    study = open_study(spec, url, base.train.max_steps)
     stop = {"now": False}
 
     def request_stop(signum, frame):
