@@ -27,7 +27,7 @@ from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase
 from hpc_agent.policy import apply_patch
 from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S
 from hpc_agent.slurm.queries import jobs_named, queue_state
-from hpc_agent.submission import SubmittedButIncomplete, crash_point, write_config
+from hpc_agent.submission import SubmittedButIncomplete, crash_point
 
 INTENT_GRACE_S = SBATCH_IN_FLIGHT_S  # the default; watch --intent-grace sets it
 
@@ -80,7 +80,7 @@ def _exclude(ctx: Context, run: Run, e: EffectRow) -> str:
     nodes = e.args["nodes"]
     ctx.slurm.run(["scontrol", "update", f"JobId={e.job_id}", f"ExcNodeList={nodes}"])
     cfg = rundir.load_config(Path(run.run_dir))
-    write_config(Path(run.run_dir), apply_patch(cfg, e.args["patch"]))  # setting a value twice is harmless
+    rundir.write_config(Path(run.run_dir), apply_patch(cfg, e.args["patch"]))  # setting a value twice is harmless
     ctx.say(run.run_id, f"requeued job {e.job_id} now excludes {nodes}")
     return f"excluded {nodes}"
 
@@ -152,8 +152,8 @@ def _resubmit(ctx: Context, run: Run, e: EffectRow) -> str:
         if moved:
             ctx.say(run.run_id, f"rollback: set aside checkpoints {', '.join(moved)}")
     n = len(ctx.ledger.submissions(run.run_id))
-    write_config(run_dir, cfg, name=rundir.config_history_path(run_dir, n).name)  # every attempt's config
-    path = write_config(run_dir, cfg)
+    rundir.write_config(run_dir, cfg, name=rundir.config_history_path(run_dir, n).name)  # every attempt's config
+    path = rundir.write_config(run_dir, cfg)
     try:
         job = ctx.submit(ctx.ledger, run.run_id, run_dir, cfg, path, ctx.executor, reason=e.args.get("reason", ""))
     except SubmittedButIncomplete as exc:  # sbatch answered; only the bookkeeping after it failed

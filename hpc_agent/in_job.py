@@ -293,8 +293,6 @@ def carry_into_config(run_dir: Path, patch: Mapping[str, Any]) -> str:
     starts with it; returns what was done, for the job's log. A run directory without one (a job started by hand
     on a config elsewhere) keeps the patch in the journal only: its own config file is not the job's to change.
     Raises OSError or ConfigError; the caller says so and trains on."""
-    from hpc_agent.config.load import to_yaml
-    from hpc_agent.fsutil import atomic_write_text
     from hpc_agent.policy import apply_patch
 
     path = rundir.config_path(run_dir)
@@ -302,5 +300,5 @@ def carry_into_config(run_dir: Path, patch: Mapping[str, Any]) -> str:
         return "nothing to carry"
     if not os.path.lexists(path):
         return f"not carried into {path.name}: the run directory has none (the journal keeps it)"
-    atomic_write_text(path, to_yaml(apply_patch(rundir.load_config(run_dir), patch)))  # refuses a link (read_text)
+    rundir.write_config(run_dir, apply_patch(rundir.load_config(run_dir), patch))  # load_config refuses a link
     return f"carried into {path.name} for later attempts"

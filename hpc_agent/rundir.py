@@ -239,6 +239,17 @@ def load_config(run_dir: Path):
     return load_snapshot_text(read_text(config_path(run_dir)), source=str(config_path(run_dir)))
 
 
+def write_config(run_dir: Path, cfg, name: str = CONFIG) -> Path:
+    """Write ``cfg`` as the run's ``config.yaml`` (or the attempt copy ``name``), atomically: a reader sees the old
+    file or the new one, never half of it. The one writer of the file that :func:`load_config` reads."""
+    from hpc_agent.config.load import to_yaml
+    from hpc_agent.fsutil import atomic_write_text
+
+    path = Path(run_dir) / name
+    atomic_write_text(path, to_yaml(cfg))
+    return path
+
+
 # --- what the live job says about itself ----------------------------------------------------------------
 def _rank_files(folder: Path, suffix: str) -> List[Tuple[int, Path]]:
     """``rank-RRRRR<suffix>`` files of a folder that is not a link, by rank; at most MAX_RANK_FILES."""

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from hpc_agent import rundir
-from hpc_agent.config.load import to_yaml
 from hpc_agent.config.schema import Config
 from hpc_agent.filemodes import group_of, make_dir, restricted_umask
-from hpc_agent.fsutil import atomic_write_json, atomic_write_text
+from hpc_agent.fsutil import atomic_write_json
 from hpc_agent.launcher import job_name_for, make_executor
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import Event, EventKind
@@ -34,12 +33,6 @@ def crash_point(name: str) -> None:
 
 def log_paths(run_dir: Path, job_id: str, ranks: int) -> List[Path]:
     return rundir.log_paths(run_dir, job_id, ranks)
-
-
-def write_config(run_dir: Path, cfg: Config, name: str = rundir.CONFIG) -> Path:
-    path = Path(run_dir) / name
-    atomic_write_text(path, to_yaml(cfg))
-    return path
 
 
 class SubmittedButIncomplete(RuntimeError):

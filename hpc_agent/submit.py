@@ -223,14 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hpc_agent.ledger import Ledger
     from hpc_agent.lifecycle import Event, EventKind
     from hpc_agent.slurm.submitit_timeout import SbatchTimedOut
-    from hpc_agent.submission import SubmittedButIncomplete, log_paths, submit_attempt, write_config
+    from hpc_agent.submission import SubmittedButIncomplete, log_paths, submit_attempt
 
     from hpc_agent.filemodes import make_dir  # 0700 (0750 with run.group_readable), whatever the umask
 
     make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
     make_dir(rundir.tb_dir(run_dir))
     make_dir(rundir.checkpoints_dir(run_dir))
-    write_config(run_dir, cfg)
+    rundir.write_config(run_dir, cfg)
     if kind == "slurm":  # a project's own template goes with the run, for the watcher's resubmissions
         from hpc_agent.containers import template_name
 

@@ -68,7 +68,7 @@ def test_fresh_start_and_container_workdir(tmp_path):
 
 
 def test_prepare_writes_the_builtin_ds_config(tmp_path, monkeypatch):
-    from hpc_agent.submission import write_config
+    from hpc_agent.rundir import write_config
     from launch.command import prepare
 
     cfg = command_cfg("train.precision=fp32")
@@ -163,7 +163,8 @@ def test_no_heartbeat_is_no_hang_verdict_in_command_mode(tmp_path, monkeypatch):
 def test_doc_example_runs_locally_and_resumes_from_its_checkpoint(tmp_path):
     from hpc_agent.checkpoints import complete_steps
     from hpc_agent.ledger import Ledger
-    from hpc_agent.submission import SubmittedButIncomplete, submit_attempt, write_config
+    from hpc_agent.rundir import write_config
+    from hpc_agent.submission import SubmittedButIncomplete, submit_attempt
 
     work = tmp_path / "project"
     work.mkdir()

@@ -217,7 +217,7 @@ def test_escaped_interpolation_stays_literal_through_the_snapshot(monkeypatch):
 
 
 def test_snapshot_written_by_submit_records_env_origin(tmp_path, monkeypatch):
-    from hpc_agent.submission import write_config
+    from hpc_agent.rundir import write_config
 
     monkeypatch.setenv("HPC_AGENT_TEST_DATA", "/data/x.txt")
     cfg = load_config("quickstart", ["data.path=${oc.env:HPC_AGENT_TEST_DATA}"], env={})

@@ -246,7 +246,7 @@ def test_diagnose_names_hung_for_a_live_run_whose_heartbeat_says_so(capsys, tmp_
     from hpc_agent import rundir
     from hpc_agent.config.load import build_config
     from hpc_agent.heartbeat import Beat, encode
-    from hpc_agent.submission import write_config
+    from hpc_agent.rundir import write_config
 
     run_dir = tmp_path / "runs" / "gpt-20261130-101500"  # the run id in running.txt's job name
     write_config(run_dir, build_config([{"run": {"name": "gpt"}}]))

@@ -120,7 +120,7 @@ def test_a_submitted_run_and_a_watcher_tick_create_nothing_readable_by_others(tm
     from hpc_agent import submit
     from hpc_agent.config.load import build_config
     from hpc_agent.launcher import job_name_for
-    from hpc_agent.submission import write_config
+    from hpc_agent.rundir import write_config
     from hpc_agent.watcher import Watcher
     from tests.helpers.fake_slurm import FakeSlurm
     from tests.test_watcher import OOM_LOG, FakeSubmitter

@@ -168,7 +168,7 @@ class Crash(BaseException):
 def _world(tmp_path):
     from hpc_agent.launcher import job_name_for
     from hpc_agent.ledger import Ledger
-    from hpc_agent.submission import write_config
+    from hpc_agent.rundir import write_config
     from tests.helpers.fake_slurm import FakeSlurm
     from tests.test_watcher import FakeSubmitter
 

@@ -478,7 +478,7 @@ def test_the_precheck_margin_and_edges():
 
 
 def _submitted(tmp_path, **train):
-    from hpc_agent.submission import write_config
+    from hpc_agent.rundir import write_config
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -18,7 +18,7 @@ from hpc_agent.ledger import Ledger
 from hpc_agent.notify import Notifier, deliver, send_command, send_webhook, NotifyFailed
 from hpc_agent.notify_events import Notification, notifications_for, paused_notification
 from hpc_agent.policy import PastAttempt, retries_left
-from hpc_agent.submission import write_config
+from hpc_agent.rundir import write_config
 from tests.helpers.webhook import Receiver, closed_port_url
 from tests.test_watcher import CODE_LOG, add_run, world  # noqa: F401 - the fake-Slurm watcher fixture
 

@@ -21,7 +21,7 @@ from hpc_agent.config.load import build_config
 from hpc_agent.ledger import Ledger
 from hpc_agent.review import main, review_run, start_tensorboard
 from hpc_agent.review_plot import boundary_labels, event_label
-from hpc_agent.submission import write_config
+from hpc_agent.rundir import write_config
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = "gpt-20260101-000000"

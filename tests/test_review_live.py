@@ -23,7 +23,7 @@ from hpc_agent.review import decision_lines, main, render_table
 from hpc_agent.review_live import describe, duration, live_view
 from hpc_agent.review_plot import boundary_labels, build_figure, in_job_markers
 from hpc_agent.runreview import review_run
-from hpc_agent.submission import write_config
+from hpc_agent.rundir import write_config
 
 from tests.test_review import RUN_ID, T0, _write_attempt, make_run
 

@@ -361,7 +361,7 @@ def test_diagnose_finds_a_trial_run_through_the_ledger(tmp_path):
     run_dir = root / "s-t001"
     (run_dir / "slurm").mkdir(parents=True)
     cfg = load_config("quickstart", [f"run.runs_root={root}", "run.name=s-t001"])
-    from hpc_agent.submission import write_config
+    from hpc_agent.rundir import write_config
 
     write_config(run_dir, cfg)
     (run_dir / "slurm" / "900_1_0_log.out").write_text("[hpc_agent] done: 10 steps\n")

@@ -17,7 +17,8 @@ import pytest
 from hpc_agent.config.load import build_config, load_snapshot
 from hpc_agent.launcher import job_name_for
 from hpc_agent.ledger import Ledger
-from hpc_agent.submission import record_job, write_config
+from hpc_agent.rundir import write_config
+from hpc_agent.submission import record_job
 from hpc_agent.watcher import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
 

@@ -24,7 +24,8 @@ from hpc_agent.journal import Journal
 from hpc_agent.launcher import job_name_for
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import Event, EventKind
-from hpc_agent.submission import CRASH_ENV, crash_point, record_job, write_config
+from hpc_agent.rundir import write_config
+from hpc_agent.submission import CRASH_ENV, crash_point, record_job
 from hpc_agent.watcher import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
 

@@ -38,7 +38,7 @@ from hpc_agent.lifecycle import TERMINAL, Event, EventKind, Phase
 from hpc_agent.metrics.tb_reader import Point, RunScalars
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
-from hpc_agent.submission import crash_point, write_config
+from hpc_agent.submission import crash_point
 from hpc_agent.sweep import adopt as adoption
 from hpc_agent.sweep.adopt import complete_params  # noqa: F401 (re-exported: the tests import it from here)
 from hpc_agent.sweep.batch import TrialJob, register_trial, release_array, submit_array
@@ -170,7 +170,7 @@ class SweepDriver:
             run_dir = self.runs_root / run_id
             for sub in (rundir.tb_dir, rundir.checkpoints_dir, rundir.slurm_dir):
                 make_dir(sub(run_dir))
-            jobs.append(TrialJob(trial.number, run_id, run_dir, write_config(run_dir, cfg), cfg))
+            jobs.append(TrialJob(trial.number, run_id, run_dir, rundir.write_config(run_dir, cfg), cfg))
             # One attribute per storage write; A_INTENT goes last and marks the intent complete (adopt).
             for key, value in ((A_RUN_ID, run_id), (A_RUN_DIR, str(run_dir)), (A_BATCH, batch), (A_INDEX, index),
                                (A_SIZE, len(trials)), (A_INTENT, self.clock())):
