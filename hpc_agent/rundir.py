@@ -36,10 +36,13 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from hpc_agent import heartbeat
 from hpc_agent.diagnosis.logscan import LogText
+
+if TYPE_CHECKING:
+    from hpc_agent.config.schema import Config
 
 CONFIG = "config.yaml"
 RUN_JSON = "run.json"
@@ -239,7 +242,7 @@ def load_config(run_dir: Path):
     return load_snapshot_text(read_text(config_path(run_dir)), source=str(config_path(run_dir)))
 
 
-def write_config(run_dir: Path, cfg, name: str = CONFIG) -> Path:
+def write_config(run_dir: Path, cfg: Config, name: str = CONFIG) -> Path:
     """Write ``cfg`` as the run's ``config.yaml`` (or the attempt copy ``name``), atomically: a reader sees the old
     file or the new one, never half of it. The one writer of the file that :func:`load_config` reads."""
     from hpc_agent.config.load import to_yaml

@@ -447,7 +447,8 @@ def test_sweep_json_is_published_only_once_its_study_exists(tmp_path, monkeypatc
         return real_open(*a, **kw)
 
     monkeypatch.setattr(sweep_main, "open_study", open_and_look)
-    study = sweep_main.start_study(spec, args, tmp_path, tmp_path.parent, max_steps=100)
+    study = sweep_main.start_study(spec, args, sweep_main.storage_url(spec, tmp_path), tmp_path, tmp_path.parent,
+                                   max_steps=100)
     assert seen == {"published before the study": False}
     study.ask(distribution_map(spec))
     report = load_rows(tmp_path)  # what a reader gets once sweep.json is there: the study, with its trial
@@ -462,5 +463,5 @@ def test_sweep_json_is_published_only_once_its_study_exists(tmp_path, monkeypatc
 
     monkeypatch.setattr(sweep_main, "open_study", refuse)
     with pytest.raises(RuntimeError):
-        sweep_main.start_study(spec, args, broken, tmp_path, max_steps=100)
+        sweep_main.start_study(spec, args, sweep_main.storage_url(spec, broken), broken, tmp_path, max_steps=100)
     assert not (broken / SWEEP_FILE).exists()  # nothing points readers at a study that was never made

@@ -104,7 +104,7 @@ def open_study(spec: SweepSpec, url: str, max_steps: int):
     return study
 
 
-def start_study(spec: SweepSpec, args, sweep_dir: Path, runs_root: Path, max_steps: int):
+def start_study(spec: SweepSpec, args, url: str, sweep_dir: Path, runs_root: Path, max_steps: int):
     """Open (or create) the study, then publish ``sweep.json``, which readers use to find it.
 
     In this order because a reader that opens an Optuna storage creates its tables: one that found
@@ -115,7 +115,6 @@ def start_study(spec: SweepSpec, args, sweep_dir: Path, runs_root: Path, max_ste
     from hpc_agent.fsutil import atomic_write_json
     from hpc_agent.review_sweep import SWEEP_FILE
 
-    url = storage_url(spec, sweep_dir)
     study = open_study(spec, url, max_steps)
     atomic_write_json(sweep_dir / SWEEP_FILE, {
         "name": spec.name, "config": args.config, "overrides": args.overrides, "storage": url, "tag": spec.tag,
@@ -183,8 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if lock is None:
         print(f"another sweep driver runs on {sweep_dir} (driver.lock is held)", file=sys.stderr)
         return EXIT_LOCKED
-    study = start_study(spec, args, sweep_dir, runs_root, base.train.max_steps)
     url = storage_url(spec, sweep_dir)
+    study = start_study(spec, args, url, sweep_dir, runs_root, base.train.max_steps)
     stop = {"now": False}
 
     def request_stop(signum, frame):
