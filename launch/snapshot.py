@@ -4,8 +4,9 @@ A SIGKILL or a node failure gives the job no warning, so everything since the la
 Snapshots shorten that: every ``resilience.snapshot_every`` optimizer steps each rank
 
 1. (main thread, at the step boundary, on every rank together) runs DeepSpeed's own
-   ``engine.save_checkpoint`` with its checkpoint engine swapped for :class:`HostCapture`, which keeps a
-   host copy of each state dict instead of writing it. So the files, their names and the ZeRO sharding
+   ``engine.save_checkpoint`` with its checkpoint engine swapped for one that keeps a host copy of each
+   state dict instead of writing it (launch/host_copy.py), into the previous snapshot's host tensors
+   where they still fit. So the files, their names and the ZeRO sharding
    are exactly what a full checkpoint holds, the collectives (ZeRO-3 gathers, barriers) run where every
    rank runs them, and nothing in the background thread is a collective;
 2. (a background thread) ``torch.save``s its files into ``checkpoints/snap_<step>/``, fsyncs them and
@@ -31,13 +32,11 @@ no completion marker, and its default FAST writer needs the async-I/O op built, 
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -45,122 +44,12 @@ from hpc_agent import checkpoints, rundir
 from hpc_agent.filemodes import dir_mode, group_of, make_dir, open_created, set_mode
 from hpc_agent.fsutil import atomic_write_json
 from launch import checkpoint
+from launch.host_copy import HostBuffers, capture, copy_recovery_scripts
 
 REPORT_WAIT_S = 600.0
 """How long rank 0's writer waits for the other ranks' reports before it gives the snapshot up."""
 
 _REPORT = "report_rank_{:05d}.json"
-
-
-def to_host(obj: Any) -> Any:
-    """A copy of a state dict whose tensors are fresh host (CPU) tensors, and whose other values are
-    copies too: the optimizer keeps changing the originals while the copy is written. Immutable leaves
-    (numbers, strings, ``torch.Size``, dtypes, enums) are shared, not deep-copied: they were ~40 % of a
-    snapshot's time in the loop (the ZeRO state's parameter shapes and DeepSpeed's config, measured on P2's
-    model: ~2.4 ms of ~9 ms a snapshot)."""
-    import torch
-
-    immutable = (int, float, complex, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
-
-    def copy_of(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.detach().to("cpu", copy=True)
-        kind = type(value)
-        if kind in (dict, OrderedDict):
-            return kind((key, copy_of(item)) for key, item in value.items())
-        if kind in (list, tuple):
-            return kind(copy_of(item) for item in value)
-        if isinstance(value, immutable):
-            return value
-        state = getattr(value, "__dict__", None)
-        if type(state) is dict and _plain(kind) and all(isinstance(v, immutable) for v in state.values()):
-            fresh = object.__new__(kind)  # what deepcopy makes of it, without its per-object machinery
-            fresh.__dict__.update(state)
-            return fresh
-        return copy.deepcopy(value)
-
-    return copy_of(obj)
-
-
-def _plain(kind: type) -> bool:
-    """Instances of ``kind`` are copied by copying their ``__dict__`` (no custom copy or pickle protocol, no
-    slots): DeepSpeed's ZeRO state holds one such small record (``fragment_address``) per parameter."""
-    return (kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__
-            and getattr(kind, "__getstate__", None) is getattr(object, "__getstate__", None)  # 3.11 added it
-            and not hasattr(kind, "__deepcopy__")
-            and not hasattr(kind, "__slots__") and kind.__new__ is object.__new__)
-
-
-class HostCapture:
-    """Stands in for DeepSpeed's checkpoint engine during one ``save_checkpoint``: keeps ``(path, host
-    copy)`` per file instead of writing. Directories are made for real (cheap, and DeepSpeed expects
-    them)."""
-
-    def __init__(self) -> None:
-        self.files: List[Tuple[str, Any]] = []
-
-    def create(self, info: Any) -> None:
-        pass
-
-    def save(self, state_dict: Any, path: str) -> None:
-        self.files.append((str(path), to_host(state_dict)))
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        make_dir(path, exist_ok=exist_ok)
-
-    def load(self, path: str, map_location: Any = None) -> Any:
-        raise RuntimeError("HostCapture only captures saves")
-
-    def commit(self, info: Any) -> bool:
-        return True
-
-    def is_data_parallel_writer(self, dp_rank: int) -> bool:
-        return dp_rank == 0
-
-    def is_decoupled(self) -> bool:
-        return False
-
-    def set_commit_info(self, info: Any) -> None:
-        pass
-
-    def get_commit_info(self) -> None:
-        return None
-
-    def cleanup(self) -> None:
-        pass
-
-    def preserves_storage_sharing(self) -> bool:
-        return False  # to_host already copies each tensor alone: no second clone
-
-
-def capture(engine: Any, root: Path, tag: str, client_state: Dict[str, Any]) -> List[Tuple[str, Any]]:
-    """Run DeepSpeed's save on every rank with :class:`HostCapture` in place; returns this rank's files.
-
-    Two parts of DeepSpeed's save are left out here, as they cost the loop and add nothing to a capture: its
-    check that every rank passed the same tag (two all-reduces; the tag is made from the step every rank
-    agreed on) and its copy of the ``zero_to_fp32.py`` recovery scripts into ``root`` at every save (file
-    I/O on the main thread; :meth:`Snapshots._write` copies them once per attempt on the writer thread)."""
-    held = HostCapture()
-    real = engine.checkpoint_engine
-    engine.checkpoint_engine = held
-    engine._checkpoint_tag_validation = _skip
-    engine._copy_recovery_script = _skip
-    try:
-        engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
-    finally:
-        engine.checkpoint_engine = real
-        del engine._checkpoint_tag_validation, engine._copy_recovery_script  # the class's methods again
-    return held.files
-
-
-def _skip(*_: Any) -> None:
-    return None
-
-
-def copy_recovery_scripts(engine: Any, root: Path) -> None:
-    """DeepSpeed's own copy of its ZeRO recovery scripts into the checkpoint root (skipped by :func:`capture`)."""
-    if getattr(engine, "save_zero_checkpoint", False):
-        type(engine)._copy_recovery_script(engine, str(root))
 
 
 class Snapshots:
@@ -181,6 +70,7 @@ class Snapshots:
         self.failed_full: Optional[Tuple[int, str]] = None  # (step, why): a checkpoint write that failed
         self._recovery_scripts: Optional[Any] = None  # rank 0: the engine whose scripts are still to copy
         self._scripts_copied = False
+        self._buffers = HostBuffers()
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -220,7 +110,8 @@ class Snapshots:
             if (self.root / tag).exists():  # torn leftover of an earlier attempt (or of a rollback)
                 shutil.rmtree(self.root / tag)
         # save_checkpoint's first barrier keeps the other ranks from writing before that rmtree.
-        files = capture(engine, self.root, tag, client_state())
+        # No writer is alive here (skipped or waited for above), so the previous copy is free to reuse.
+        files = capture(engine, self.root, tag, client_state(), None if self.busy() else self._buffers)
         if self.rank == 0 and not self._scripts_copied:
             self._recovery_scripts = engine
         self.capture_s.append(time.perf_counter() - started)
@@ -277,7 +168,7 @@ class Snapshots:
         while files:
             if self._abandon.is_set():
                 return
-            path, state = files.pop(0)  # drop our reference as we go: the host copy is freed file by file
+            path, state = files.pop(0)  # the host copy stays in HostBuffers for the next capture
             fd = open_created(path, os.O_WRONLY | os.O_TRUNC)
             with os.fdopen(fd, "wb") as handle:
                 torch.save(state, handle)

@@ -10,6 +10,11 @@ Then, per setting, one run is SIGKILLed mid-training and resumed: steps redone =
 before the kill - the step the resume starts from.
 
     python scripts/bench_snapshot.py            # ~6 min on 2 CPU cores -> results/bench_snapshot.json
+
+``--capture-baseline REV`` measures something else: how long the training loop is held per snapshot (the host
+copy, the job's own "training held" figure) on a larger state (``--d-model 512 --layers 8`` unless given,
+~420 MB of fp32 weights and Adam moments), this checkout against revision REV (a git worktree), interleaved
+``--rounds`` times; -> results/bench_snapshot_capture.json.
 """
 from __future__ import annotations
 
@@ -34,11 +39,11 @@ STEP_RE = re.compile(r"\] step (\d+) loss ")
 RESUMED_RE = re.compile(r"\] resumed at step (\d+) ")
 
 
-def write_config(path: Path, every: int, steps: int, model: Dict[str, int]) -> Path:
+def write_config(path: Path, every: int, steps: int, model: Dict[str, int], micro_batch: int = 4) -> Path:
     from hpc_agent.config.load import build_config, to_yaml
 
     cfg = build_config([{
-        "train": {"workload": "gpt", "max_steps": steps, "micro_batch_size": 4, "grad_accum_steps": 1,
+        "train": {"workload": "gpt", "max_steps": steps, "micro_batch_size": micro_batch, "grad_accum_steps": 1,
                   "lr": 1e-3, "warmup_steps": 2, "precision": "fp32", "zero_stage": 1,
                   "ckpt_every": steps + 1000, "eval_every": 0},
         "model": model, "resilience": {"snapshot_every": every}}])
@@ -46,11 +51,11 @@ def write_config(path: Path, every: int, steps: int, model: Dict[str, int]) -> P
     return path
 
 
-def start(config: Path, run_dir: Path) -> subprocess.Popen:
+def start(config: Path, run_dir: Path, code: Path = REPO) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(code), os.environ.get("PYTHONPATH", "")) if p)
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
-    return subprocess.Popen([sys.executable, "-m", "launch.train", str(config), str(run_dir)], cwd=str(REPO),
+    return subprocess.Popen([sys.executable, "-m", "launch.train", str(config), str(run_dir)], cwd=str(code),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -79,6 +84,11 @@ def step_time(arrivals: Dict[int, float], warmup: int) -> float:
     return (arrivals[steps[-1]] - arrivals[steps[0]]) / (steps[-1] - steps[0])
 
 
+def held_seconds(log: str) -> List[float]:
+    """The job's "training held" figure of each snapshot or background checkpoint it completed, in order."""
+    return [float(h) for h in re.findall(r"(?:snapshot|checkpoint) \S+ complete in [\d.]+s \(training held ([\d.]+)s", log)]
+
+
 def snapshot_lines(log: str) -> Dict[str, object]:
     found = re.findall(r"snapshot snap_\d+ complete in ([\d.]+)s \(training held ([\d.]+)s", log)
     done, held = [float(d) for d, _ in found], [float(h) for _, h in found]
@@ -96,8 +106,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--every", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--d-model", type=int, default=384)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--out", default=str(REPO / "results" / "bench_snapshot.json"))
+    parser.add_argument("--out", default=None, help="default results/bench_snapshot.json "
+                        "(results/bench_snapshot_capture.json with --capture-baseline)")
+    parser.add_argument("--capture-baseline", metavar="REV", help="compare the loop's hold per snapshot with REV's")
     args = parser.parse_args(argv)
+    if args.capture_baseline:
+        return capture_side_by_side(args)
+    args.out = args.out or str(REPO / "results" / "bench_snapshot.json")
     model = {"n_layers": args.layers, "d_model": args.d_model, "n_heads": 4, "seq_len": 128}
     settings = [0] + list(args.every)
     times: Dict[int, List[float]] = {k: [] for k in settings}
@@ -153,6 +168,54 @@ def main(argv: Optional[List[str]] = None) -> int:
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: summary[k] for k in ("median_step_time_s", "overhead_ratio", "paired_overhead_ratio_median",
                                               "held_overhead_ratio", "sigkill")}, indent=2))
+    return 0
+
+
+def capture_side_by_side(args: argparse.Namespace) -> int:
+    """The loop's hold per snapshot, this checkout vs ``args.capture_baseline``, one snapshot every 2 steps."""
+    d_model = args.d_model if args.d_model != 384 else 512
+    layers = args.layers if args.layers != 4 else 8
+    model = {"n_layers": layers, "d_model": d_model, "n_heads": 8, "seq_len": 32}
+    steps, every = max(args.steps, 24), 2
+    held: Dict[str, List[float]] = {"current": [], "baseline": []}
+    per_run: Dict[str, List[float]] = {"current": [], "baseline": []}
+    with tempfile.TemporaryDirectory(prefix="bench_snapshot_capture.") as tmp:
+        root = Path(tmp)
+        baseline = root / "baseline"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(baseline), args.capture_baseline],
+                       check=True, capture_output=True, timeout=120)
+        try:
+            for r in range(args.rounds):
+                for variant, code in (("baseline", baseline), ("current", REPO)):
+                    run_dir = root / f"{variant}{r}"
+                    config = write_config(root / f"{variant}{r}.yaml", every, steps, model, micro_batch=1)
+                    result = follow(start(config, run_dir, code))
+                    if result["code"] != 0:
+                        print(result["log"][-3000:], file=sys.stderr)
+                        return 1
+                    seconds = held_seconds(result["log"])[1:]  # the first copy of a run always finds no buffers
+                    if not seconds:
+                        print(result["log"][-3000:], file=sys.stderr)
+                        return 1
+                    held[variant] += seconds
+                    per_run[variant].append(round(statistics.median(seconds), 4))
+                    print(f"round {r} {variant}: training held {per_run[variant][-1]:.4f} s per snapshot "
+                          f"(median of {len(seconds)})", flush=True)
+                    state_bytes = sum(p.stat().st_size for p in (run_dir / "checkpoints" / f"step_{steps:08d}").iterdir()
+                                      if p.suffix == ".pt")
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)],
+                           capture_output=True, timeout=120)
+    med = {k: round(statistics.median(v), 4) for k, v in held.items()}
+    summary = {"benchmark": "training loop held per snapshot (the host copy), this checkout vs a baseline revision",
+               "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "baseline_rev": args.capture_baseline, "model": model,
+               "precision": "fp32", "zero_stage": 1, "ranks": 1, "snapshot_every": every, "steps_per_run": steps,
+               "state_bytes_per_snapshot": state_bytes, "rounds": args.rounds, "held_s_per_run": per_run,
+               "median_held_s": med, "ratio_baseline_to_current": round(med["baseline"] / med["current"], 2)}
+    out = Path(args.out or REPO / "results" / "bench_snapshot_capture.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: summary[k] for k in ("state_bytes_per_snapshot", "median_held_s", "ratio_baseline_to_current")}))
     return 0
 
 

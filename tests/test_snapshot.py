@@ -106,6 +106,7 @@ class FakeZeroEngine(FakeEngine):
 def test_a_capture_skips_the_tag_check_and_the_writer_copies_the_recovery_scripts_once(tmp_path):
     import torch
     from launch import snapshot as snap
+    from launch.host_copy import HostCapture
 
     snaps = snap.Snapshots(2, tmp_path, rank=0, world=1, layout={"zero_stage": 1}, keep_checkpoints=1,
                            agree_max=lambda v: v, say=lambda _: None)
@@ -115,7 +116,7 @@ def test_a_capture_skips_the_tag_check_and_the_writer_copies_the_recovery_script
         snaps.settle()
     assert engine.calls == [("scripts", str(tmp_path))]  # once per attempt, from the writer; never the tag check
     assert "_copy_recovery_script" not in vars(engine) and "_checkpoint_tag_validation" not in vars(engine)
-    engine.checkpoint_engine = snap.HostCapture()
+    engine.checkpoint_engine = HostCapture()
     engine.save_checkpoint(str(tmp_path), "x", {}, False)  # outside a capture, DeepSpeed's own methods again
     assert engine.calls[-2:] == [("validate", "x"), ("scripts", str(tmp_path))]
 
@@ -125,7 +126,7 @@ def test_host_copy_shares_immutable_leaves_and_copies_everything_else():
     import dataclasses
 
     import torch
-    from launch.snapshot import to_host
+    from launch.host_copy import to_host
 
     @dataclasses.dataclass
     class Record:  # like DeepSpeed's fragment_address, one per parameter in the ZeRO state
@@ -148,6 +149,69 @@ def test_host_copy_shares_immutable_leaves_and_copies_everything_else():
     assert copied["holder"].items == [1]
     assert type(copied["meta"]) is collections.OrderedDict and copied["meta"]["shape"] is shape
     assert copied["ids"] == (1, 2) and copied["scale"] == 2.0**16
+
+
+def test_a_capture_copies_into_the_previous_captures_host_tensors_where_they_fit():
+    import torch
+    from launch.host_copy import HostBuffers, to_host
+
+    weight = torch.arange(6.0).reshape(2, 3).requires_grad_()
+    moment, steps = torch.ones(5), torch.tensor(3)
+    buffers = HostBuffers()
+
+    def take():
+        buffers.start()
+        copied = to_host({"w": weight, "opt": [moment, steps], "t": weight.detach().t()}, buffers)
+        buffers.finish()
+        return copied
+
+    first = take()
+    with torch.no_grad():
+        weight.mul_(2.0)
+    moment.add_(1.0)
+    second = take()
+    for key in ("w", "t"):  # the same host tensors, now holding the new values
+        assert second[key] is first[key]
+    assert second["opt"][0] is first["opt"][0] and second["opt"][1] is first["opt"][1]
+    assert torch.equal(second["w"], weight.detach()) and torch.equal(second["t"], weight.detach().t())
+    assert torch.equal(second["opt"][0], torch.full((5,), 2.0)) and int(second["opt"][1]) == 3
+    assert second["t"].stride() == weight.detach().t().stride()  # the layout a fresh copy would have had
+    assert not second["w"].requires_grad and second["w"].grad_fn is None  # no autograd history in the copy
+    assert second["w"].data_ptr() != weight.data_ptr()
+    moment = torch.ones(7)  # a rebuilt engine whose state changed shape: that tensor gets a fresh copy
+    third = take()
+    assert third["opt"][0] is not first["opt"][0] and torch.equal(third["opt"][0], torch.ones(7))
+    assert third["w"] is first["w"]
+    assert to_host({"w": weight})["w"] is not first["w"]  # without buffers: fresh tensors, as before
+
+
+def test_snapshots_reuse_host_tensors_and_each_file_holds_its_own_steps_state(tmp_path):
+    import torch
+    from launch import snapshot as snap
+
+    snaps = snap.Snapshots(2, tmp_path, rank=0, world=1, layout={"zero_stage": 1}, keep_checkpoints=2,
+                           agree_max=lambda v: v, say=lambda _: None)
+    engine = FakeEngine(torch.zeros(4))
+    held = []
+    real = snap.capture
+
+    def spy(*args, **kwargs):
+        files = real(*args, **kwargs)
+        held.append(files[0][1]["module"]["w"])
+        return files
+
+    snap.capture = spy
+    try:
+        for step in (2, 4):
+            engine.weight.fill_(float(step))
+            assert snaps.after_step(engine, step, lambda: {"step": step}, full=(step == 2))
+            snaps.settle()
+    finally:
+        snap.capture = real
+    assert held[0] is held[1]  # the second capture copied into the first one's host tensor
+    for step, tag in ((2, tag_for(2)), (4, snap_tag_for(4))):  # each file was written before the next copy
+        saved = torch.load(tmp_path / tag / "mp_rank_00_model_states.pt")
+        assert saved["step"] == step and torch.equal(saved["module"]["w"], torch.full((4,), float(step)))
 
 
 def test_snapshot_is_written_in_the_background_from_a_host_copy(tmp_path, monkeypatch):
@@ -277,6 +341,7 @@ def test_rank0_gives_up_when_another_rank_reports_a_failure(tmp_path):
     snaps.after_step(FakeEngine(torch.ones(2)), 2, lambda: {"step": 2})      # says why the last one failed
     assert any("rank 1 could not write its files: OSError: disk full" in line for line in lines)
     snaps.settle(abandon=True)
+    snaps._thread.join(30)  # so that its torch.save never runs inside a later test's patch
 
 
 # ---- periodic checkpoints on the snapshot path (snapshots on: train.ckpt_every is written in the background)
@@ -418,6 +483,6 @@ class _Plain:
                                          (_OwnReduce, False)])
 def test_only_plain_records_are_copied_through_their_dict(kind, plain):
     """A class with its own copy or pickle protocol (or slots) goes through deepcopy, which honours it."""
-    from launch.snapshot import _plain
+    from launch.host_copy import _plain
 
     assert _plain(kind) is plain
