@@ -67,9 +67,11 @@ def to_host(obj: Any, buffers: Optional[HostBuffers] = None) -> Any:
 
     immutable = (int, float, complex, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
 
+    held = HostBuffers() if buffers is None else buffers  # an empty one: every tensor gets a fresh copy
+
     def copy_of(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return value.detach().to("cpu", copy=True) if buffers is None else buffers.copy(value)
+            return held.copy(value)
         kind = type(value)
         if kind in (dict, OrderedDict):
             return kind((key, copy_of(item)) for key, item in value.items())
@@ -148,9 +150,9 @@ def capture(engine: Any, root: Path, tag: str, client_state: Dict[str, Any],
     check that every rank passed the same tag (two all-reduces; the tag is made from the step every rank
     agreed on) and its copy of the ``zero_to_fp32.py`` recovery scripts into ``root`` at every save (file
     I/O on the main thread; :meth:`Snapshots._write` copies them once per attempt on the writer thread)."""
+    buffers = HostBuffers() if buffers is None else buffers
     held = HostCapture(buffers)
-    if buffers is not None:
-        buffers.start()
+    buffers.start()
     real = engine.checkpoint_engine
     engine.checkpoint_engine = held
     engine._checkpoint_tag_validation = _skip
@@ -160,8 +162,7 @@ def capture(engine: Any, root: Path, tag: str, client_state: Dict[str, Any],
     finally:
         engine.checkpoint_engine = real
         del engine._checkpoint_tag_validation, engine._copy_recovery_script  # the class's methods again
-    if buffers is not None:
-        buffers.finish()
+    buffers.finish()
     return held.files
 
 

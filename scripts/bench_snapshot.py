@@ -34,6 +34,9 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_step_overhead import worktree  # noqa: E402
 
 STEP_RE = re.compile(r"\] step (\d+) loss ")
 RESUMED_RE = re.compile(r"\] resumed at step (\d+) ")
@@ -84,13 +87,17 @@ def step_time(arrivals: Dict[int, float], warmup: int) -> float:
     return (arrivals[steps[-1]] - arrivals[steps[0]]) / (steps[-1] - steps[0])
 
 
+COMPLETE_RE = re.compile(r"(snapshot|checkpoint) (\S+) complete in ([\d.]+)s \(training held ([\d.]+)s")
+"""The job's line for each snapshot or background checkpoint it completed (launch/snapshot.py)."""
+
+
 def held_seconds(log: str) -> List[float]:
     """The job's "training held" figure of each snapshot or background checkpoint it completed, in order."""
-    return [float(h) for h in re.findall(r"(?:snapshot|checkpoint) \S+ complete in [\d.]+s \(training held ([\d.]+)s", log)]
+    return [float(held) for _, _, _, held in COMPLETE_RE.findall(log)]
 
 
 def snapshot_lines(log: str) -> Dict[str, object]:
-    found = re.findall(r"snapshot snap_\d+ complete in ([\d.]+)s \(training held ([\d.]+)s", log)
+    found = [(done, held) for kind, tag, done, held in COMPLETE_RE.findall(log) if kind == "snapshot" and tag.startswith("snap_")]
     done, held = [float(d) for d, _ in found], [float(h) for _, h in found]
     skipped = len(re.findall(r"snapshot at step \d+ skipped", log))
     return {"completed": len(done), "skipped": skipped,
@@ -104,8 +111,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--every", type=int, nargs="+", default=[1, 5])
-    parser.add_argument("--d-model", type=int, default=384)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=None, help="default 384 (512 with --capture-baseline)")
+    parser.add_argument("--layers", type=int, default=None, help="default 4 (8 with --capture-baseline)")
     parser.add_argument("--out", default=None, help="default results/bench_snapshot.json "
                         "(results/bench_snapshot_capture.json with --capture-baseline)")
     parser.add_argument("--capture-baseline", metavar="REV", help="compare the loop's hold per snapshot with REV's")
@@ -113,7 +120,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.capture_baseline:
         return capture_side_by_side(args)
     args.out = args.out or str(REPO / "results" / "bench_snapshot.json")
-    model = {"n_layers": args.layers, "d_model": args.d_model, "n_heads": 4, "seq_len": 128}
+    model = {"n_layers": args.layers or 4, "d_model": args.d_model or 384, "n_heads": 4, "seq_len": 128}
     settings = [0] + list(args.every)
     times: Dict[int, List[float]] = {k: [] for k in settings}
     snaps: Dict[int, List[Dict[str, object]]] = {k: [] for k in settings}
@@ -173,18 +180,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def capture_side_by_side(args: argparse.Namespace) -> int:
     """The loop's hold per snapshot, this checkout vs ``args.capture_baseline``, one snapshot every 2 steps."""
-    d_model = args.d_model if args.d_model != 384 else 512
-    layers = args.layers if args.layers != 4 else 8
-    model = {"n_layers": layers, "d_model": d_model, "n_heads": 8, "seq_len": 32}
+    model = {"n_layers": args.layers or 8, "d_model": args.d_model or 512, "n_heads": 8, "seq_len": 32}
     steps, every = max(args.steps, 24), 2
     held: Dict[str, List[float]] = {"current": [], "baseline": []}
     per_run: Dict[str, List[float]] = {"current": [], "baseline": []}
     with tempfile.TemporaryDirectory(prefix="bench_snapshot_capture.") as tmp:
         root = Path(tmp)
-        baseline = root / "baseline"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(baseline), args.capture_baseline],
-                       check=True, capture_output=True, timeout=120)
-        try:
+        with worktree(args.capture_baseline, root / "baseline") as baseline:
             for r in range(args.rounds):
                 for variant, code in (("baseline", baseline), ("current", REPO)):
                     run_dir = root / f"{variant}{r}"
@@ -203,9 +205,6 @@ def capture_side_by_side(args: argparse.Namespace) -> int:
                           f"(median of {len(seconds)})", flush=True)
                     state_bytes = sum(p.stat().st_size for p in (run_dir / "checkpoints" / f"step_{steps:08d}").iterdir()
                                       if p.suffix == ".pt")
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)],
-                           capture_output=True, timeout=120)
     med = {k: round(statistics.median(v), 4) for k, v in held.items()}
     summary = {"benchmark": "training loop held per snapshot (the host copy), this checkout vs a baseline revision",
                "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "baseline_rev": args.capture_baseline, "model": model,

@@ -15,6 +15,7 @@ to load), the start-up every attempt pays (launch/startup.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -95,6 +97,18 @@ def run_once(code: Path, work: Path, name: str, steps: int, extra: tuple = ()) -
     return {**overhead(run_dir, started, every), "process_s": round(time.time() - started, 1)}
 
 
+@contextlib.contextmanager
+def worktree(rev: str, path: Path) -> Iterator[Path]:
+    """A detached git worktree of ``rev`` at ``path`` (this checkout's history), removed at the end."""
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev],
+                   check=True, capture_output=True, timeout=120)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)],
+                       capture_output=True, timeout=120)
+
+
 def _median_of(results: list, key: str):
     values = [r["snapshots"][key] for r in results if "snapshots" in r]
     return statistics.median(values) if values else None
@@ -114,11 +128,8 @@ def main() -> int:
         parser.error(f"--steps must exceed {WARMUP + 20} and --rounds be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-step-overhead-") as tmp:
         tmp_path = Path(tmp)
-        baseline = REPO if args.baseline_setting else tmp_path / "baseline"
-        if not args.baseline_setting:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(baseline), args.baseline],
-                           check=True, capture_output=True, timeout=120)
-        try:
+        with (contextlib.nullcontext(REPO) if args.baseline_setting
+              else worktree(args.baseline, tmp_path / "baseline")) as baseline:
             runs = {"current": [], "baseline": []}
             for r in range(args.rounds):
                 for variant, code, extra in (("baseline", baseline, tuple(args.baseline_setting)), ("current", REPO, ())):
@@ -127,10 +138,6 @@ def main() -> int:
                           f"{result['between_steps_ms']:.2f} ms between steps of {result['median_step_s']:.3f} s, "
                           f"first step {result['start_to_first_step_s']:.2f} s after the spawn", flush=True)
                     runs[variant].append(result)
-        finally:
-            if not args.baseline_setting:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)],
-                               capture_output=True, timeout=120)
     med = {v: statistics.median(r["overhead"] for r in rs) for v, rs in runs.items()}
     gap = {v: statistics.median(r["between_steps_ms"] for r in rs) for v, rs in runs.items()}
     first = {v: statistics.median(r["start_to_first_step_s"] for r in rs) for v, rs in runs.items()}
