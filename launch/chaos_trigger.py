@@ -15,7 +15,8 @@ tied to a step and replay when a resume goes back before it).
 - ``gpu_oom``: a CUDA-style ``torch.OutOfMemoryError`` from the next forward: an in-job repair takes the OOM
   ladder's next rung, or, with no in-job retries left (``resilience.in_job_retries``), the job exits 3
   (``exitcodes.OUT_OF_MEMORY``).
-- ``host_oom``: rank 0 allocates and touches ``mb`` MB of host memory (the cgroup kills the job).
+- ``host_oom``: rank 0 allocates and touches ``mb`` MB of host memory on a thread of its own, like a leak beside
+  the training loop (a data worker, a cache): training goes on until the cgroup's OOM killer ends the process.
 - ``kill_during_save``: at the next checkpoint save, rank 0 stops after every rank's shards are on
   disk and *before* ``COMPLETE.json`` is written, writes ``chaos/in_save.json`` and sleeps
   ``stall_s`` seconds. The driver then preempts the job: Slurm's SIGKILL at the end of the grace time
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,7 +39,19 @@ from hpc_agent.fsutil import atomic_write_json
 KINDS = ("nan", "gpu_oom", "host_oom", "kill_during_save")
 TRIGGER_FILE = "inject.json"
 IN_SAVE_FILE = "in_save.json"
-_HELD: List[bytearray] = []  # keeps the injected host allocation alive until the process dies
+_HELD: List[Any] = []  # keeps the injected host allocation alive until the process dies
+
+
+def _leak(mb: int) -> None:
+    """Allocate and touch ``mb`` MB and keep it. torch's fill releases the GIL, so the training thread is not held
+    while the kernel hands out the pages: near the cgroup's limit this VM hands them out at ~100 MB/s, and the
+    earlier ``bytearray`` on the training thread (whose zeroing holds the GIL) stalled training 1.4-9.4 s before
+    the kill, a stall a leak beside the loop does not cause."""
+    import torch
+
+    block = torch.empty(mb * 2**20, dtype=torch.uint8)
+    block.fill_(1)  # every page written, so it is really resident
+    _HELD.append(block)
 
 
 def chaos_dir(run_dir: Path) -> Path:
@@ -57,6 +71,7 @@ class RuntimeTrigger:
         self._oom = ""  # the nonce of a GPU OOM to raise from the next forward
         self._stall_s: Optional[float] = None
         self._stall_nonce = ""
+        self.leak: Optional[threading.Thread] = None  # a host_oom's allocating thread
 
     def _say(self, text: str) -> None:
         print(f"[hpc_agent] fault: {text} (rank {self.rank}, runtime trigger)", flush=True)
@@ -111,11 +126,9 @@ class RuntimeTrigger:
             self._oom = nonce
         elif kind == "host_oom" and self.rank == 0:
             mb = int(spec.get("mb", 0))
-            self._say(f"allocating and touching {mb} MB of host memory at step {step} (nonce {nonce})")
-            block = bytearray(mb * 2**20)
-            for offset in range(0, len(block), 4096):  # touch every page so it is really resident
-                block[offset] = 1
-            _HELD.append(block)
+            self._say(f"allocating and touching {mb} MB of host memory beside training from step {step} (nonce {nonce})")
+            self.leak = threading.Thread(target=_leak, args=(mb,), name="hpc_agent-chaos-host-oom", daemon=True)
+            self.leak.start()
 
     def loss(self, loss: Any) -> Any:
         if self._oom:

@@ -324,8 +324,12 @@ def test_trigger_host_oom_allocates_on_rank0_only(tmp_path, monkeypatch):
     _write(tmp_path, kind="host_oom", nonce="h", mb=1)
     _trigger(tmp_path, rank=1).before_step(2)
     assert ct._HELD == []
-    _trigger(tmp_path, rank=0).before_step(2)
-    assert len(ct._HELD) == 1 and len(ct._HELD[0]) == 2**20
+    trigger = _trigger(tmp_path, rank=0)
+    trigger.before_step(2)  # returns at once: the allocation is made beside the training thread
+    assert trigger.leak is not None and trigger.leak.name == "hpc_agent-chaos-host-oom"
+    trigger.leak.join(timeout=30)
+    (block,) = ct._HELD
+    assert block.numel() == 2**20 and bool((block == 1).all())  # every page touched
 
 
 def test_kill_during_save_stalls_before_the_marker(tmp_path):
@@ -459,3 +463,28 @@ def test_attempt_end_reads_sacct_end_and_none_while_running():
     assert attempt_end(ended) == dt.datetime(2026, 12, 3, 19, 17, 53).timestamp()
     assert attempt_end(ended) - attempt_start(ended) == 38.0
     assert attempt_end(running) is None and attempt_start(running) is not None
+
+
+def test_the_summary_reads_tensorboard_one_flush_after_the_window_and_counts_steps_up_to_its_end(monkeypatch):
+    """A job still training appends its TensorBoard events every FLUSH_EVERY_S: the steps of the window's last
+    seconds reach the disk after it ends. The driver waits one flush interval before reading, and credits only
+    the steps that ended by the window's end."""
+    from hpc_agent.chaos import driver as chaos_driver
+    from hpc_agent.chaos.driver import FLUSH_MARGIN_S, ChaosDriver
+    from launch.tblog import FLUSH_EVERY_S
+
+    clock = [1000.0]
+    monkeypatch.setattr(chaos_driver.time, "time", lambda: clock[0])
+    monkeypatch.setattr(chaos_driver.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    target = _FakeTarget()
+    target.done_at = None
+    chaos = ChaosDriver([target], [], duration_s=60, out=lambda line: None, slurm=object())
+    read = []
+    monkeypatch.setattr(chaos, "_summary", lambda t, end: read.append((clock[0], end)) or end)
+    assert chaos._summaries() == [1000.0]
+    assert read == [(1000.0 + FLUSH_EVERY_S + FLUSH_MARGIN_S, 1000.0)]
+
+    target.done_at = 990.0  # finished: its last events were flushed as it closed, nothing to wait for
+    read.clear()
+    assert chaos._summaries() == [1000.0 + FLUSH_EVERY_S + FLUSH_MARGIN_S]
+    assert read == [(1000.0 + FLUSH_EVERY_S + FLUSH_MARGIN_S, 1000.0 + FLUSH_EVERY_S + FLUSH_MARGIN_S)]

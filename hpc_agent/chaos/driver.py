@@ -25,6 +25,7 @@ from hpc_agent.chaos.schedule import (CTLD_RESTART, INTERRUPTING, KILL_DURING_SA
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
 STALL_S = 30.0  # a target whose last logged step has not moved for this long is not training
+FLUSH_MARGIN_S = 1.0  # beyond a job's TensorBoard flush interval, for a flush that lands late on a busy machine
 ATTRIBUTION_WAIT_S = 20.0
 """How long a recovered fault stays open for the event that says what was done about it. A repair made inside the
 job (GPU OOM, NaN) is trained past before the watcher copies the job's journal line into ``events.jsonl`` at its
@@ -146,7 +147,18 @@ class ChaosDriver:
             else:
                 o.record.note = o.record.note or "no new attempt trained before the run's time was up"
             self._restore_node(o)
-        return [self._summary(t, time.time()) for t in self.targets]
+        return self._summaries()
+
+    def _summaries(self) -> List[TargetSummary]:
+        """Each target's summary for the window that ends now. A job still training appends its TensorBoard events
+        every ``FLUSH_EVERY_S`` (launch/tblog.py), so the steps of the window's last seconds may not be on disk yet:
+        wait one flush interval before reading. Only steps that ended by the window's end count (``time_lost``)."""
+        stopped_at = time.time()
+        if any(t.done_at is None for t in self.targets):
+            from launch.tblog import FLUSH_EVERY_S
+
+            time.sleep(FLUSH_EVERY_S + FLUSH_MARGIN_S)
+        return [self._summary(t, stopped_at) for t in self.targets]
 
     def _note_progress(self, t: Target) -> None:
         # The newest attempt's last step, not the run's highest: after a rollback the run trains below it.
