@@ -12,14 +12,16 @@ earlier attempts' event files in ``tb/`` (watcher resubmissions are new jobs), w
 It is logged as ``run/attempt`` at S+1, with the effective config as text.
 
 Writing: each attempt's events go into one file of its own, in TensorBoard's record format (tensorboard's own
-``RecordWriter`` frames them; its protos encode them). :meth:`TBLog.scalars` only encodes one event per step and
-queues it; a small flusher thread appends what is queued every ``flush_every_s`` seconds (also while the main
-thread is stuck), and :meth:`TBLog.flush` appends it at once -- the trainer calls it before each checkpoint and
+``RecordWriter`` frames them; its protos encode them). :meth:`TBLog.scalars` only queues a step's numbers with its
+wall time; a small flusher thread encodes and appends what is queued every ``flush_every_s`` seconds (also while
+the main thread is stuck), and :meth:`TBLog.flush` does it at once -- the trainer calls it before each checkpoint and
 snapshot, so the series is on disk up to any step an attempt can resume from. ``flush_every_s=0`` appends at
 every call (the script API, which cannot know when the user's script checkpoints). tensorboard's
 ``SummaryWriter`` woke its writer thread for every event, which checksummed it in Python and reopened the
 file to append it: with one CPU a job paid ~0.3 ms a step for it, about 0.03 ms this way
-(scripts/bench_step_overhead.py).
+(scripts/bench_step_overhead.py). Encoding the event (7 protobuf values) in the loop still cost ~85 us a step (P2's
+model, timed inside the loop: its caches are cold after the step's compute); queueing the numbers costs a few us,
+and the flusher encodes a batch at ~12 us an event.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Deque, Dict, Mapping, Optional
+from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from hpc_agent import rundir
 from hpc_agent.filemodes import make_dir, open_created
@@ -83,10 +85,19 @@ class EventFile:
         self._file.close()
 
 
-def _event(step: int, **fields: Any) -> bytes:
+def _event(step: int, wall_time: Optional[float] = None, **fields: Any) -> bytes:
     from tensorboard.compat.proto.event_pb2 import Event
 
-    return Event(wall_time=time.time(), step=step, **fields).SerializeToString()
+    return Event(wall_time=time.time() if wall_time is None else wall_time, step=step, **fields).SerializeToString()
+
+
+def _scalars_event(step: int, wall_time: float, points: Tuple[Tuple[str, float], ...]) -> bytes:
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    # One event holding every value, as SummaryWriter.add_scalar encodes each (simple_value); readers take every
+    # value of a summary, as TensorBoard does.
+    return _event(step, wall_time, summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)
+                                                          for tag, value in points]))
 
 
 class TBLog:
@@ -98,7 +109,7 @@ class TBLog:
         self.first_step = start_step + 1
         self.attempt = 0
         self.flush_every_s = flush_every_s
-        self._queued: Deque[bytes] = collections.deque()
+        self._queued: Deque[Union[bytes, Tuple[int, float, Tuple[Tuple[str, float], ...]]]] = collections.deque()
         self._stop = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         if rank != 0:
@@ -125,13 +136,11 @@ class TBLog:
     def scalars(self, values: Dict[str, Optional[float]], step: int) -> None:
         if self.file is None or step < self.first_step:
             return
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        # One event holding every value, as SummaryWriter.add_scalar encodes each (simple_value); readers take
-        # every value of a summary, as TensorBoard does.
-        points = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in values.items() if value is not None]
+        # Queued as plain numbers with the step's wall time; the flush encodes them (_drain), mostly on the flusher
+        # thread and many at a time, so the training thread builds no protobuf at each step.
+        points = tuple((tag, float(value)) for tag, value in values.items() if value is not None)
         if points:
-            self._queued.append(_event(step, summary=Summary(value=points)))
+            self._queued.append((step, time.time(), points))
         if self.flush_every_s <= 0 or step == self.first_step:  # the attempt's first step: on disk at once
             self.flush()
 
@@ -152,9 +161,10 @@ class TBLog:
         with self.file.lock:
             self.file.append(self._drain())
 
-    def _drain(self):
+    def _drain(self) -> Iterator[bytes]:
         while self._queued:
-            yield self._queued.popleft()
+            item = self._queued.popleft()
+            yield _scalars_event(*item) if isinstance(item, tuple) else item
 
     def _flush_periodically(self) -> None:
         while not self._stop.wait(self.flush_every_s):

@@ -63,6 +63,33 @@ def test_the_flusher_thread_writes_queued_steps_while_the_main_thread_is_stuck(t
     tb.close()
 
 
+def test_a_step_is_queued_as_numbers_and_keeps_its_own_wall_time_when_encoded_later(tmp_path, monkeypatch):
+    """The loop only queues a step's numbers; the flush encodes them, with the wall time of the step (ETTR and the
+    time-lost split read it), not of the flush."""
+    import launch.tblog as tblog
+    from hpc_agent.metrics.tb_reader import RunScalars
+
+    clock = [1000.0]
+    monkeypatch.setattr(tblog.time, "time", lambda: clock[0])
+    tb = TBLog(tmp_path, 0, 10, "cfg", flush_every_s=3600.0)
+    tb.scalars(VALUES, 11)  # the attempt's first step: on disk at once
+    encoded = []
+    real = tblog._scalars_event
+    monkeypatch.setattr(tblog, "_scalars_event", lambda *a: encoded.append(a[0]) or real(*a))
+    clock[0] = 1001.0
+    tb.scalars({**VALUES, "train/loss": 3.0}, 12)
+    assert encoded == [] and tb._queued[-1] == (12, 1001.0, (("train/loss", 3.0), ("train/lr", 1e-3),
+                                                             ("perf/step_time_s", 0.11)))
+    clock[0] = 1005.0
+    tb.flush()
+    assert encoded == [12]
+    tb.close()
+    scalars = RunScalars(tb_dir(tmp_path), tags=("train/loss",))
+    scalars.update()
+    assert [(p.step, p.value, p.wall_time) for p in scalars.series("train/loss")] == [(11, 2.5, 1000.0),
+                                                                                     (12, 3.0, 1001.0)]
+
+
 def test_a_rollback_makes_tensorboard_drop_the_steps_logged_past_it(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
