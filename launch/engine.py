@@ -216,6 +216,9 @@ class Trainer:
                 grad_norm = self._grad_norm()
             engine.step()
             loss_total += float(loss.detach().float().item())
+            # The micro-step's autograd graph is released here, inside the step, as part of its work (~0.1 ms on
+            # P2's model): left to the frame's end it was counted as time between steps (docs/benchmarks.md).
+            del loss, batch
         elapsed = time.perf_counter() - started
         loss_mean = self.coll.mean(loss_total / t.grad_accum_steps)
         scale = _loss_scale(engine) if self.precision == "fp16" else None
@@ -281,9 +284,10 @@ class Trainer:
         self.tb.scalars(values, step)
         if self.rank == 0:
             norm = f"{grad_norm:.4f}" if grad_norm is not None else "n/a"
-            # "step N loss X": the form log-based diagnosis parses (NaN lines name their step).
-            say(f"step {step} loss {loss:.8f} lr {lr:.3e} grad_norm {norm} step_time {elapsed:.3f}s "
-                f"({step}/{self.t.max_steps})")
+            # "step N loss X": the form log-based diagnosis parses (NaN lines name their step). Not flushed: the
+            # step lines go out together, with the next say() or within a second (launch/console.py).
+            print(f"[hpc_agent] step {step} loss {loss:.8f} lr {lr:.3e} grad_norm {norm} step_time {elapsed:.3f}s "
+                  f"({step}/{self.t.max_steps})")
 
     def _evaluate(self, step: int) -> None:
         # Every rank evaluates: under ZeRO-3 the forward pass gathers parameters collectively.

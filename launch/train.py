@@ -13,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from launch import exitcodes, heartbeat, startup
+from launch import console, exitcodes, heartbeat, startup
 from launch.signals import StopRequest, hand_back_to_slurm
 
 
@@ -27,7 +27,8 @@ def main(config_path: str, run_dir: str) -> int:
     stop = StopRequest().install()
     heartbeat.start(Path(run_dir))  # first: a stall in the imports or the rendezvous shows as "starting"
     try:
-        code = _main(config_path, run_dir, stop)
+        with console.buffered_stdout():  # the step lines go out together (launch/console.py)
+            code = _main(config_path, run_dir, stop)
     finally:
         heartbeat.stop()  # the final beat; ~2 ms, never waits on a dead file system (launch/heartbeat.py)
         stop.uninstall()

@@ -6,7 +6,8 @@ ETTR (scripts/bench_ettr.py, hpc_agent/runreview.py) counts as productive only t
 (``perf/step_time_s``: forward, backward, optimizer step). Everything the loop does between two steps is lost
 time: the loss mean and the in-job fault check, TensorBoard, the log line, snapshots and checkpoints. This runs
 ``python -m launch.train`` directly (no Slurm), one process on one CPU with the P2 run's model and settings
-(bench_ettr's RUN and its watched side's SIDE), for ``--steps`` steps from scratch, for this checkout and for
+(bench_ettr's RUN and its watched side's SIDE, with the chaos trigger on as the chaos driver sets it; no fault is
+written, so none fires), for ``--steps`` steps from scratch, for this checkout and for
 ``--baseline`` (a git worktree), interleaved ``--rounds`` times. Per run, from the TensorBoard series after a
 warm-up of 50 steps: overhead = 1 - (sum of step times) / (wall time from the first to the last step). Also per
 run: start_to_first_step_s, from the process's spawn to the start of its first step (a fresh run: no checkpoint
@@ -80,7 +81,7 @@ def run_once(code: Path, work: Path, name: str, steps: int, extra: tuple = ()) -
     run_dir = work / name
     run_dir.mkdir(parents=True)
     overrides = [*RUN, *SIDE["watcher"], f"train.max_steps={steps}", "resilience.successor_on_preempt=false",
-                 f"run.runs_root={work}", f"run.name={name}", "faults.runtime_trigger=false", *extra]
+                 f"run.runs_root={work}", f"run.name={name}", "faults.runtime_trigger=true", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(code)})
     # The config snapshot is written by the revision's own loader: a field one revision adds is unknown to the other.

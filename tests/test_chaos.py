@@ -264,7 +264,7 @@ def test_render_shows_every_fault_and_check():
 def _trigger(tmp_path, enabled=True, rank=0):
     from launch.chaos_trigger import RuntimeTrigger
 
-    return RuntimeTrigger(tmp_path, rank, enabled)
+    return RuntimeTrigger(tmp_path, rank, enabled, poll_s=0)  # looks at every step (the throttle: its own test)
 
 
 def _write(tmp_path, **spec):
@@ -296,6 +296,34 @@ def test_trigger_nan_fires_once_even_across_attempts(tmp_path):
     _write(tmp_path, kind="nan", nonce="n2")  # a new nonce fires again
     resumed.before_step(4)
     assert math.isnan(resumed.loss(2.0))
+
+
+def test_trigger_looks_at_the_file_at_most_every_poll_interval(tmp_path, monkeypatch):
+    import math
+
+    import launch.chaos_trigger as ct
+
+    now = [100.0]
+    trig = ct.RuntimeTrigger(tmp_path, 0, True, poll_s=0.25, clock=lambda: now[0])
+    seen = []
+    real_stat = os.stat
+    monkeypatch.setattr(ct.os, "stat", lambda p, *a, **k: seen.append(str(p)) or real_stat(p, *a, **k))
+
+    def looks():  # stat calls on the trigger file (Path.exists stats the fired marks too)
+        return sum(p.endswith(ct.TRIGGER_FILE) for p in seen)
+
+    trig.before_step(1)  # the first step looks at once
+    assert looks() == 1
+    _write(tmp_path, kind="nan", nonce="p1")
+    now[0] += 0.1
+    trig.before_step(2)  # 0.1 s later: not yet
+    assert looks() == 1 and trig.loss(2.0) == 2.0
+    now[0] += 0.2
+    trig.before_step(3)  # 0.3 s after the last look: seen, and fired at this step
+    assert looks() == 2 and math.isnan(trig.loss(2.0))
+    assert json.loads((tmp_path / "chaos" / "fired" / "p1.rank0").read_text())["step"] == 3
+    trig.before_step(4)
+    assert looks() == 2
 
 
 def test_trigger_gpu_oom_raises_a_cuda_style_error_from_the_next_forward_only(tmp_path):
