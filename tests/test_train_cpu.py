@@ -131,7 +131,8 @@ def test_sigterm_on_two_ranks_saves_and_exits_75_then_resumes_on_one(tmp_path):
 def test_sigusr2_mid_accumulation_saves_last_complete_step(tmp_path):
     """SIGUSR2 (time limit near) on one rank with 4 micro-steps per step: the checkpoint holds the last
     completed optimizer step (a half-accumulated one is dropped) and the resume continues right after it."""
-    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 60, "ckpt_every": 1000, "micro_batch_size": 1,
+    # 400 steps (~6 s): the signal must land mid-run, and step lines reach the log up to 1 s late (launch/console.py).
+    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 400, "ckpt_every": 1000, "micro_batch_size": 1,
                                                  "grad_accum_steps": 4, "precision": "bf16"})
     run_dir = tmp_path / "run"
     proc = start(cfg, run_dir)
@@ -145,5 +146,5 @@ def test_sigusr2_mid_accumulation_saves_last_complete_step(tmp_path):
     step = int(match.group(1))
     assert max(losses(log)) == step  # the checkpoint is the last step that finished
     resumed = run(cfg, run_dir)
-    expect(resumed, 0, f"resumed at step {step} (data position {step * 4} samples)", "done: 60 steps")
+    expect(resumed, 0, f"resumed at step {step} (data position {step * 4} samples)", "done: 400 steps")
     assert min(losses(resumed.stdout)) == step + 1
