@@ -1,6 +1,7 @@
 """The job's standard output while it trains: buffered, and written out at least every ``FLUSH_EVERY_S``.
 
-submitit starts the job's Python with ``-u``, so every ``print`` is a ``write`` to srun's pipe. With the default
+submitit starts the job's Python with ``-u``, so every ``print`` is a ``write`` to the job's log (under
+``srun --output`` the task's stdout is that file itself; a pipe when run outside Slurm). With the default
 ``train.log_every=1`` that is one write per optimizer step for the step line, ~60 us of the loop's time between
 steps on the P2 model (``docs/benchmarks.md``), where the CPU's caches are cold after the step's compute.
 
@@ -9,7 +10,7 @@ with ``flush=True`` (every ``say``: faults, repairs, checkpoints, signals) still
 in order, every buffered line before them. The step lines, printed without a flush, go out with the next such
 line, when the buffer fills, or from a daemon thread every ``FLUSH_EVERY_S``: a thread of its own, so a main
 thread stuck in a collective still gets its last lines into the log for the hang's evidence, and a write that
-blocks (a stalled pipe) holds nothing else up. The ``with`` flushes at its end, and ``launch.train`` flushes
+blocks (a stalled file system or pipe) holds nothing else up. The ``with`` flushes at its end, and ``launch.train`` flushes
 before its ``os._exit``. A hard kill (SIGKILL, the OOM killer) loses at most the last ``FLUSH_EVERY_S`` of
 step lines; the TensorBoard series (``launch/tblog.py``) has those steps too.
 """

@@ -32,8 +32,8 @@ from launch.snapshot import Snapshots
 from launch.tblog import FLUSH_EVERY_S, TBLog, attempt_number, peak_memory_bytes
 
 
-def say(text: str) -> None:
-    print(f"[hpc_agent] {text}", flush=True)
+def say(text: str, flush: bool = True) -> None:
+    print(f"[hpc_agent] {text}", flush=flush)
 
 
 def _as_float(value: Any) -> Optional[float]:
@@ -286,8 +286,8 @@ class Trainer:
             norm = f"{grad_norm:.4f}" if grad_norm is not None else "n/a"
             # "step N loss X": the form log-based diagnosis parses (NaN lines name their step). Not flushed: the
             # step lines go out together, with the next say() or within a second (launch/console.py).
-            print(f"[hpc_agent] step {step} loss {loss:.8f} lr {lr:.3e} grad_norm {norm} step_time {elapsed:.3f}s "
-                  f"({step}/{self.t.max_steps})")
+            say(f"step {step} loss {loss:.8f} lr {lr:.3e} grad_norm {norm} step_time {elapsed:.3f}s "
+                f"({step}/{self.t.max_steps})", flush=False)
 
     def _evaluate(self, step: int) -> None:
         # Every rank evaluates: under ZeRO-3 the forward pass gathers parameters collectively.
