@@ -281,3 +281,18 @@ def trim_history(losses: Sequence[Pair], grad_norms: Sequence[Pair], cfg: Any) -
         points = [min(points[:-w], key=lambda p: p[1])] + points[-w:]
     keep = max(cfg.explosion_window + 1, cfg.clip_streak)
     return points, _pairs(grad_norms)[-keep:]
+
+
+def adaptation_reason(kind: str, why: str) -> str:
+    """An adaptation's journal reason, ``<kind>: <why>`` (clipped to the journal's MAX_TEXT); :func:`adaptation_kind`
+    reads the kind back."""
+    from hpc_agent.in_job import MAX_TEXT
+
+    return f"{kind}: {why}"[:MAX_TEXT]
+
+
+def adaptation_kind(reason: str) -> Optional[str]:
+    """The kind (``warm_restart``, ``lr_decay``, ...) an adaptation's reason starts with; None when it names
+    none of :data:`KINDS` (the job wrote the text: nothing else of it is echoed)."""
+    kind = str(reason or "").split(":", 1)[0]
+    return kind if kind in KINDS else None

@@ -22,20 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.config.load import RUNS_ENV
+from hpc_agent import exit_status, remote, rundir
+from hpc_agent.cli_common import add_common_arguments, configure
+from hpc_agent.config.load import RUNS_ENV, load_run_config, patch_as_overrides
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.schema import Config
 from hpc_agent.diagnosis.alarms import LOSS_SCALE_TAG, LOSS_TAG, Alarm, run_alarms
 from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
-from hpc_agent.diagnosis.logscan import LogText
 from hpc_agent.follow import situation_from
-from hpc_agent.launcher import run_id_from_job_name
-from hpc_agent import exit_status, remote, rundir
-from hpc_agent.cli_common import add_common_arguments, configure
-from hpc_agent.rundir import find_logs, tail_log
+from hpc_agent.job_match import run_id_from_job_name
 from hpc_agent.metrics.tb_reader import RunScalars
-from hpc_agent.policy import Decision, PastAttempt, Situation, decide, patch_as_overrides
+from hpc_agent.policy import Decision, PastAttempt, Situation, decide
+from hpc_agent.rundir import LogText, find_logs, tail_log
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, SacctRow, group_attempts, job_key_of
 from hpc_agent.slurm.sacct_read import SacctFormatError, read_sacct
 
@@ -297,7 +296,7 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     snapshot = rundir.config_path(found.run_dir) if found.run_dir is not None else None
     if snapshot is not None and snapshot.exists():
         try:  # bounded, regular-file-only: the job can write its run directory
-            found.cfg, found.config_source = rundir.load_config(found.run_dir), str(snapshot)
+            found.cfg, found.config_source = load_run_config(found.run_dir), str(snapshot)
         except (ConfigError, OSError) as exc:
             reason = "did not validate" if isinstance(exc, ConfigError) else f"unreadable: {exc}"
             found.config_source = f"schema defaults ({snapshot} {reason})"

@@ -12,19 +12,18 @@ is in the audit trail exactly once, however often a crash made it run.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from contextlib import nullcontext
-
 from hpc_agent import audit, rundir
 from hpc_agent.checkpoints import set_aside_after
+from hpc_agent.config.load import apply_patch, load_run_config, write_run_config
+from hpc_agent.job_match import job_name_for
 from hpc_agent.journal import EffectRow
-from hpc_agent.launcher import job_name_for
 from hpc_agent.ledger import Ledger, Run, Submission
 from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase
-from hpc_agent.policy import apply_patch
 from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S
 from hpc_agent.slurm.queries import jobs_named, queue_state
 from hpc_agent.submission import SubmittedButIncomplete, crash_point
@@ -79,8 +78,8 @@ def _expedite(ctx: Context, run: Run, e: EffectRow) -> str:
 def _exclude(ctx: Context, run: Run, e: EffectRow) -> str:
     nodes = e.args["nodes"]
     ctx.slurm.run(["scontrol", "update", f"JobId={e.job_id}", f"ExcNodeList={nodes}"])
-    cfg = rundir.load_config(Path(run.run_dir))
-    rundir.write_config(Path(run.run_dir), apply_patch(cfg, e.args["patch"]))  # setting a value twice is harmless
+    cfg = load_run_config(Path(run.run_dir))
+    write_run_config(Path(run.run_dir), apply_patch(cfg, e.args["patch"]))  # setting a value twice is harmless
     ctx.say(run.run_id, f"requeued job {e.job_id} now excludes {nodes}")
     return f"excluded {nodes}"
 
@@ -145,15 +144,15 @@ def _resubmit(ctx: Context, run: Run, e: EffectRow) -> str:
             if found:
                 return f"submitted as job {found} (found in Slurm after a restart)"
     run_dir = Path(run.run_dir)
-    cfg = apply_patch(rundir.load_config(run_dir), e.args.get("patch", {}))
+    cfg = apply_patch(load_run_config(run_dir), e.args.get("patch", {}))
     to_step, before_step = e.args.get("rollback_to_step"), e.args.get("rollback_before_step")
     if to_step is not None or before_step is not None:
         moved = set_aside_after(run_dir, to_step, before_step)
         if moved:
             ctx.say(run.run_id, f"rollback: set aside checkpoints {', '.join(moved)}")
     n = len(ctx.ledger.submissions(run.run_id))
-    rundir.write_config(run_dir, cfg, name=rundir.config_history_path(run_dir, n).name)  # every attempt's config
-    path = rundir.write_config(run_dir, cfg)
+    write_run_config(run_dir, cfg, name=rundir.config_history_path(run_dir, n).name)  # every attempt's config
+    path = write_run_config(run_dir, cfg)
     try:
         job = ctx.submit(ctx.ledger, run.run_id, run_dir, cfg, path, ctx.executor, reason=e.args.get("reason", ""))
     except SubmittedButIncomplete as exc:  # sbatch answered; only the bookkeeping after it failed
@@ -185,7 +184,7 @@ def _adopt(ctx: Context, run: Run, e: EffectRow) -> str:
         from hpc_agent.submission import update_run_json
 
         run_dir = Path(run.run_dir)
-        update_run_json(run_dir, run.run_id, executor, successor, Path(config_path), rundir.load_config(run_dir))
+        update_run_json(run_dir, run.run_id, executor, successor, Path(config_path), load_run_config(run_dir))
     except Exception as exc:  # noqa: BLE001 - see above
         ctx.say(run.run_id, f"run.json not updated for job {successor} ({exc})")
     ctx.say(run.run_id, f"following job {successor}, the successor job {e.job_id} submitted at its preemption")
@@ -253,7 +252,7 @@ class Carrier:
         if found is None:
             self.ctx.say(run.run_id, f"intent #{sub.id} never reached Slurm; submitting it now")
             job = self.ctx.submit(self.ctx.ledger, run.run_id, Path(run.run_dir),
-                                  rundir.load_config(Path(run.run_dir)), Path(sub.config_path), sub.executor,
+                                  load_run_config(Path(run.run_dir)), Path(sub.config_path), sub.executor,
                                   reason=sub.reason)
             audit.record_action(self.journal, run.run_id, "submit", str(getattr(job, "job_id", job)),
                                 f"intent #{sub.id} ({sub.reason or 'submit'}) never reached Slurm: submitted again",

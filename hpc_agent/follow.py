@@ -26,8 +26,8 @@ from hpc_agent.follow_model import (ADOPT, AWAIT_END, CANCEL, EXCLUDE, EXPEDITE,
                                     Adopt, Cancel, Live, Notify, Observation, Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState,
                                     Suspicion, Wants)
 from hpc_agent.lifecycle import Action, Event, EventKind, Phase, transition
-from hpc_agent.policy import (DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation,
-                              apply_patch, decide)
+from hpc_agent.policy import DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation, decide
+from hpc_agent.config.load import apply_patch
 from hpc_agent.slurm.sacct import Attempt
 
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING"})

@@ -5,10 +5,10 @@ can list an older job that had id 123 too, and list it first (a known submitit/h
 that row would requeue, resubmit or stop a run for what another job did. So the watcher keeps an
 attempt only when nothing in its allocation row says it is another job's:
 
-- its job name is one hpc_agent gives this run: ``hpc_agent:<run id>`` (``launcher.job_name_for``), or the
+- its job name is one hpc_agent gives this run: ``hpc_agent:<run id>`` (:func:`job_name_for`), or the
   sweep array name ``hpc_agent:sweep:<sweep>:<batch>`` (``sweep.batch.array_name``) for a trial whose run
   id is ``<sweep>-tNNN`` (``sweep.spec.trial_run_id``);
-- its comment, where it names a run id (``hpc_agent run_id=<run id>``, ``launcher.slurm_parameters``) or a
+- its comment, where it names a run id (``hpc_agent run_id=<run id>``, :func:`comment_for`) or a
   sweep (``hpc_agent sweep=<sweep> ...``), names this one;
 - for a plain run, it was submitted no earlier than the run's recorded intent to submit, less
   :data:`SUBMIT_SLACK_S` for clock skew between this host and slurmctld. (A sweep registers its trials
@@ -26,8 +26,24 @@ import re
 from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence, Tuple
 
-from hpc_agent.launcher import JOB_NAME_PREFIX, job_name_for
 from hpc_agent.slurm.sacct import Attempt, SacctRow
+
+JOB_NAME_PREFIX = "hpc_agent:"
+
+
+def job_name_for(run_id: str) -> str:
+    """The Slurm job name carries the run id, so a watcher can find a run's jobs from sacct alone."""
+    return f"{JOB_NAME_PREFIX}{run_id}"
+
+
+def run_id_from_job_name(job_name: str) -> str | None:
+    return job_name[len(JOB_NAME_PREFIX):] if job_name.startswith(JOB_NAME_PREFIX) else None
+
+
+def comment_for(run_id: str) -> str:
+    """The Slurm comment of a run's job: it names the run (read back by :func:`judge` through ``_COMMENT_RUN``)."""
+    return f"hpc_agent run_id={run_id}"
+
 
 SUBMIT_SLACK_S = 300.0
 """How much earlier than the recorded intent a job's Submit time may read and still be the run's (clock skew

@@ -20,44 +20,15 @@ from hpc_agent.config.profile import gpu_request
 from hpc_agent.config.schema import Config
 from hpc_agent.config.yaml_safe import load_mapping
 from hpc_agent.handback import batch_setup_lines, batch_teardown_lines
+from hpc_agent.job_match import comment_for, job_name_for
 from hpc_agent.paths import code_root, find_template, template_dirs
+from hpc_agent.slurm.timelimit import slurm_time_to_minutes
 
-JOB_NAME_PREFIX = "hpc_agent:"
 EXECUTORS = ("auto", "slurm", "local")
-# What the local executor gets for an UNLIMITED Slurm time: a year, i.e. no limit in practice.
-UNLIMITED_MINUTES = 365 * 24 * 60
 
 
 def make_run_id(name: str, now: _dt.datetime) -> str:
     return f"{name}-{now.strftime('%Y%m%d-%H%M%S')}"
-
-
-def job_name_for(run_id: str) -> str:
-    """The Slurm job name carries the run id, so a watcher can find a run's jobs from sacct alone."""
-    return f"{JOB_NAME_PREFIX}{run_id}"
-
-
-def run_id_from_job_name(job_name: str) -> str | None:
-    return job_name[len(JOB_NAME_PREFIX):] if job_name.startswith(JOB_NAME_PREFIX) else None
-
-
-def slurm_time_to_minutes(value: str) -> int:
-    """Slurm ``--time`` (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) to whole minutes, rounded up."""
-    if value.upper() in ("UNLIMITED", "INFINITE"):
-        return UNLIMITED_MINUTES
-    days, _, rest = value.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:
-        parts += [0] * (3 - len(parts))  # D-H, D-H:M
-        hours, minutes, seconds = parts
-    elif len(parts) == 1:
-        hours, minutes, seconds = 0, parts[0], 0
-    elif len(parts) == 2:
-        hours, minutes, seconds = 0, parts[0], parts[1]
-    else:
-        hours, minutes, seconds = parts
-    total_s = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-    return max(1, -(-total_s // 60))
 
 
 @dataclass(frozen=True)
@@ -153,7 +124,7 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
     values.update(containers.container_values(cfg, values))
     params: Dict[str, Any] = {
         "job_name": job_name_for(run_id),
-        "comment": f"hpc_agent run_id={run_id}",
+        "comment": comment_for(run_id),
         "nodes": s.nodes,
         "ntasks_per_node": s.tasks_per_node,
         "cpus_per_task": s.cpus_per_task,

@@ -16,9 +16,9 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
-from hpc_agent import rundir
+from hpc_agent.config.load import load_run_config
 from hpc_agent.config.notify import NotifyConfig, redact_url
 from hpc_agent.notify_events import Notification, notifications_for, paused_notification, wants_budget
 
@@ -194,7 +194,7 @@ class Notifier:
         run = self.ledger.run(run_id)
         if run is not None:
             try:
-                cfg = rundir.load_config(Path(run.run_dir))
+                cfg = load_run_config(Path(run.run_dir))
             except Exception:  # noqa: BLE001 - an unreadable config (often why a run needs attention): use the default
                 cfg = None
         own = getattr(cfg, "notify", None)

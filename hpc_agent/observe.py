@@ -16,14 +16,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent import rundir
 from hpc_agent.checkpoints import complete_steps
+from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.diagnosis.alarms import run_alarms
 from hpc_agent.diagnosis.hang import judge
 from hpc_agent.follow import Live, RunFiles, RunState, history_from
 from hpc_agent.metrics.tb_reader import RunScalars
+from hpc_agent.slurm.attempt_cache import AttemptCache
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
-from hpc_agent.slurm.attempt_cache import AttemptCache
 from hpc_agent.slurm.sacct import WATCH_FIELDS, Attempt, SacctFormatError, group_attempts
 from hpc_agent.slurm.sacct_json import exit_codes_reliable, parse_sacct_json
 
@@ -135,7 +136,7 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars]) -> Run
     notes: List[str] = []
     config = None
     try:
-        config = rundir.load_config(run_dir)
+        config = load_run_config(run_dir)
     except ConfigError as exc:
         text = "; ".join(p.expected if p.value == "<file>" else str(p) for p in exc.problems)
         problems.append(f"{rundir.CONFIG} is not a valid config: " + " ".join(text.split())[:500])

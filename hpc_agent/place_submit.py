@@ -25,7 +25,7 @@ class Placed:
 
 def with_mode(cfg: Any, mode: str) -> Any:
     """``cfg`` with ``placement.mode`` set (``--place`` wins over the config)."""
-    from hpc_agent.policy import apply_patch
+    from hpc_agent.config.load import apply_patch
 
     return apply_patch(cfg, {"placement.mode": mode})
 
@@ -36,7 +36,7 @@ def place(cfg: Any, slurm: Any) -> Placed:
     from hpc_agent.placement import choose
     from hpc_agent.placement_facts import collect
     from hpc_agent.placement_options import candidates
-    from hpc_agent.policy import apply_patch
+    from hpc_agent.config.load import apply_patch
     from hpc_agent.slurm.cli import SlurmError
 
     p = cfg.placement

@@ -1,7 +1,7 @@
 """What to do about an attempt's end: (cause, history, config) -> decision + config patch. Pure.
 
 A *patch* is ``{dotted.key: new value}`` (``{"train.micro_batch_size": 4, "train.grad_accum_steps": 2}``);
-:func:`apply_patch` turns it into a new, validated :class:`Config`, and the same dict can be written as
+``config.load.apply_patch`` turns it into a new, validated :class:`Config`, and the same dict can be written as
 ``key=value`` overrides. Actions:
 
 - ``wait``: nothing ended (running, pending, unknown: a silent sacct is never a reason to act);
@@ -25,12 +25,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from hpc_agent.config.load import build_config, to_dict
 from hpc_agent.config.schema import Config
 from hpc_agent.diagnosis.causes import Cause
-# THE OOM ladder lives in hpc_agent.memory; re-exported here for the policy's callers.
-from hpc_agent.memory import GPU_HEADROOM, gpu_oom_fit, gpu_oom_rung  # noqa: F401
-from hpc_agent.memory import train_after as _train_after  # noqa: F401
+from hpc_agent.memory import GPU_HEADROOM, gpu_oom_fit
 from hpc_agent.policy_placement import weigh_partitions
 from hpc_agent.slurm.hostlist import expand_hostlist
 
@@ -346,16 +343,3 @@ def retries_left(cause: str, history: Sequence[PastAttempt], cfg: Config,
         found.append((cfg.watch.max_retries - spent, f"overall retries ({spent} of watch.max_retries="
                                                      f"{cfg.watch.max_retries} used)"))
     return min(found, key=lambda item: item[0]) if found else None
-
-
-def apply_patch(cfg: Config, patch: Mapping[str, Any]) -> Config:
-    """``cfg`` with ``patch`` applied, validated again (raises ConfigError listing every problem)."""
-    return build_config([to_dict(cfg), dict(patch)])
-
-
-def patch_as_overrides(patch: Mapping[str, Any]) -> list[str]:
-    """``{"train.lr": 0.0001}`` -> ``["train.lr=0.0001"]`` (for ``submit`` and the ledger)."""
-    def fmt(v: Any) -> str:
-        return "null" if v is None else ("true" if v is True else "false" if v is False else str(v))
-
-    return [f"{k}={fmt(v)}" for k, v in patch.items()]

@@ -25,7 +25,7 @@ def weigh_partitions(proposed: Any, cfg: Any, situation: Any, limits: Any, oom: 
     from hpc_agent.memory import estimate_from_config
     from hpc_agent.placement import choose
     from hpc_agent.placement_options import candidates
-    from hpc_agent.policy import apply_patch
+    from hpc_agent.config.load import apply_patch
 
     here = cfg.slurm.partition
     base = apply_patch(cfg, {k: v for k, v in proposed.patch.items() if k.startswith("slurm.")})

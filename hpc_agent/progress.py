@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hpc_agent import rundir
+from hpc_agent.config.load import load_run_config
 from hpc_agent.progress_view import QUEUED, RunView
 from hpc_agent.slurm.cli import SlurmError
 
@@ -133,7 +134,7 @@ class Tracker:
     def max_steps(self, run_id: str, run_dir: Path) -> Optional[int]:
         if run_id not in self._max_steps:
             try:
-                self._max_steps[run_id] = int(rundir.load_config(run_dir).train.max_steps)
+                self._max_steps[run_id] = int(load_run_config(run_dir).train.max_steps)
             except Exception:  # noqa: BLE001 - a config that cannot be read: the total is unknown, not an error
                 self._max_steps[run_id] = None
         return self._max_steps[run_id]

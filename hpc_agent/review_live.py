@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from hpc_agent import rundir
+from hpc_agent.config.load import load_run_config
 from hpc_agent.diagnosis.hang import judge as hang_judge
 
 # Phases where no step is expected, so silence means nothing: queued, not yet submitted, or the attempt
@@ -95,7 +96,7 @@ def _settings(run_dir: Path):
     from hpc_agent.config.resilience import ResilienceConfig
 
     try:
-        return rundir.load_config(run_dir).resilience
+        return load_run_config(run_dir).resilience
     except Exception:  # absent or broken snapshot: the verdict still needs numbers; the defaults are documented
         return ResilienceConfig()
 

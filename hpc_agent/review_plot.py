@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
-from hpc_agent.in_job import ADAPT_ACTION, adaptation_kind
+from hpc_agent.adaptive import adaptation_kind
+from hpc_agent.in_job import ADAPT_ACTION
 
 NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
 # The watcher's notices about a running attempt (hpc_agent.follow_hang): it asked for the stacks of a run

@@ -35,14 +35,11 @@ import errno
 import os
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from hpc_agent import heartbeat
-from hpc_agent.diagnosis.logscan import LogText
-
-if TYPE_CHECKING:
-    from hpc_agent.config.schema import Config
 
 CONFIG = "config.yaml"
 RUN_JSON = "run.json"
@@ -229,28 +226,27 @@ def read_tail(path: Path, max_bytes: int) -> Tuple[str, bool]:
     return text, start > 0
 
 
+@dataclass(frozen=True)
+class LogText:
+    """The (tail of the) text of one log file; ``name`` is shown in evidence and may carry the rank."""
+
+    name: str
+    text: str
+    line_numbers: Tuple[int, ...] = ()
+    """File line number of each line of ``text`` when it is a piece of a longer log; empty: 1, 2, 3..."""
+    truncated: bool = False
+    """``text`` is a tail that does not start at the beginning of the file: the lines before its first
+    attempt-start marker belong to an earlier attempt."""
+
+    def numbered_lines(self) -> Iterator[Tuple[int, str]]:
+        for i, line in enumerate(self.text.splitlines()):
+            yield (self.line_numbers[i] if i < len(self.line_numbers) else i + 1), line
+
+
 def tail_log(path: Path, max_bytes: int) -> LogText:
     """The last ``max_bytes`` of a log as a :class:`LogText` that knows whether it is cut."""
     text, cut = read_tail(path, max_bytes)
     return LogText(Path(path).name, text, truncated=cut)
-
-
-def load_config(run_dir: Path):
-    """The run's ``config.yaml``, read bounded and regular-file-only, then validated like any snapshot."""
-    from hpc_agent.config.load import load_snapshot_text
-
-    return load_snapshot_text(read_text(config_path(run_dir)), source=str(config_path(run_dir)))
-
-
-def write_config(run_dir: Path, cfg: Config, name: str = CONFIG) -> Path:
-    """Write ``cfg`` as the run's ``config.yaml`` (or the attempt copy ``name``), atomically: a reader sees the old
-    file or the new one, never half of it. The one writer of the file that :func:`load_config` reads."""
-    from hpc_agent.config.load import to_yaml
-    from hpc_agent.fsutil import atomic_write_text
-
-    path = Path(run_dir) / name
-    atomic_write_text(path, to_yaml(cfg))
-    return path
 
 
 # --- what the live job says about itself ----------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_agent import rundir
+from hpc_agent.config.load import load_run_config
 from hpc_agent.ledger import LEDGER_FILE
 from hpc_agent.lifecycle import TERMINAL, Phase
 from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
@@ -177,7 +178,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
     max_steps = None
     if rundir.config_path(run_dir).exists():
         try:
-            max_steps = rundir.load_config(run_dir).train.max_steps
+            max_steps = load_run_config(run_dir).train.max_steps
         except Exception:  # a broken snapshot should not hide the rest of the review
             max_steps = None
 

@@ -18,7 +18,8 @@ from hpc_agent import rundir
 from hpc_agent.config.schema import Config
 from hpc_agent.filemodes import group_of, make_dir, restricted_umask
 from hpc_agent.fsutil import atomic_write_json
-from hpc_agent.launcher import job_name_for, make_executor
+from hpc_agent.job_match import job_name_for
+from hpc_agent.launcher import make_executor
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import Event, EventKind
 

@@ -17,9 +17,10 @@ from typing import Optional, Sequence
 
 from hpc_agent import code_snapshot, exit_status, paths, place_submit, remote, rundir
 from hpc_agent.cli_common import add_common_arguments, configure, passthrough
-from hpc_agent.config.load import load_config, resolve_config_path, to_yaml
+from hpc_agent.config.load import load_config, resolve_config_path, to_yaml, write_run_config
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.launcher import EXECUTORS, job_name_for, local_parameters, make_run_id, render_job_script
+from hpc_agent.job_match import job_name_for
+from hpc_agent.launcher import EXECUTORS, local_parameters, make_run_id, render_job_script
 from hpc_agent.preflight import (REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, partition_gres, render,
                                  sinfo_argv)
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
@@ -230,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
     make_dir(rundir.tb_dir(run_dir))
     make_dir(rundir.checkpoints_dir(run_dir))
-    rundir.write_config(run_dir, cfg)
+    write_run_config(run_dir, cfg)
     if kind == "slurm":  # a project's own template goes with the run, for the watcher's resubmissions
         from hpc_agent.containers import template_name
 

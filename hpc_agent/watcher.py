@@ -15,20 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from hpc_agent import effects, killswitch, observe, rundir
+from hpc_agent import effects, killswitch, observe
+from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.profile import sacct_json_quirk
-from hpc_agent.follow import NOT_ASKED, RUNNING_STATES, Live, Observation, Outcome, RunState, Suspicion, Wants, follow, wants
+from hpc_agent.follow import (NOT_ASKED, RUNNING_STATES, Live, Observation, Outcome, RunState, Suspicion, Wants,
+                              follow, wants)
 from hpc_agent.handback import handing_back, read_successor
-from hpc_agent.in_job import InJobIngest
+from hpc_agent.in_job_ingest import InJobIngest
 from hpc_agent.job_match import Claim, own_attempts
 from hpc_agent.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
 from hpc_agent.ledger import Ledger, Run
 from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase, transition
 from hpc_agent.notify import Notifier
 from hpc_agent.policy import PolicyLimits
-from hpc_agent.slurm.queries import queue_state
 from hpc_agent.slurm.attempt_cache import AttemptCache
+from hpc_agent.slurm.queries import queue_state
 from hpc_agent.submission import crash_point, submit_attempt
 
 LIVE_PHASES = [p.value for p in FOLLOWED]
@@ -213,7 +215,7 @@ class Watcher:
         """One sinfo and bounded ``sbatch --test-only`` calls for the run's config (``patch`` applied: e.g. the failed
         node excluded). ``()`` on any failure: the facts only improve a decision, the repair in place stands."""
         from hpc_agent.placement_facts import collect
-        from hpc_agent.policy import apply_patch
+        from hpc_agent.config.load import apply_patch
 
         try:
             cfg = apply_patch(cfg, patch) if patch else cfg
@@ -230,7 +232,7 @@ class Watcher:
         known = self._settings.get(state.job_id)
         if known is None:
             try:
-                cfg = rundir.load_config(Path(run.run_dir))
+                cfg = load_run_config(Path(run.run_dir))
             except (OSError, ConfigError):
                 return None
             known = self._settings[state.job_id] = (cfg.resilience, cfg.watch.enabled, not cfg.train.command)

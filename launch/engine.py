@@ -18,14 +18,14 @@ from typing import Any, Dict, Optional, Tuple
 
 from hpc_agent import rundir
 from launch import checkpoint, exitcodes, heartbeat, resume, universal
+from launch.adaptive_loop import AdaptiveHolder, adapt
+from launch.chaos_trigger import RuntimeTrigger
 from launch.distributed import Collectives, DistEnv
 from launch.dsconfig import build_ds_config
-from launch.chaos_trigger import RuntimeTrigger
 from launch.faults import Faults
-from launch.adaptive_loop import AdaptiveHolder, adapt
+from launch.gpu_health import GpuHealthMonitor, simulated_reader
 from launch.recovery import CONTINUE, InJobRecovery, agree, repair_in_place
 from launch.rng import rng_state, seed as seed_rng
-from launch.gpu_health import GpuHealthMonitor, simulated_reader
 from launch.schedule import lr_factor
 from launch.signals import StopRequest, signal_name
 from launch.snapshot import Snapshots
@@ -90,7 +90,7 @@ class Trainer:
     def _configure(self, cfg: Any, patch: Dict[str, Any]) -> None:
         """Adopt ``cfg`` with an in-job repair's ``patch`` (the global batch G stays what it was)."""
         if patch:
-            from hpc_agent.policy import apply_patch
+            from hpc_agent.config.load import apply_patch
 
             cfg = apply_patch(cfg, patch)
             if self.rank == 0:

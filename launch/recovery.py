@@ -22,7 +22,7 @@ parameter gathers are collectives.
 When the budget is spent the job exits with the cause's exit code as before (OOM 3, NaN 65:
 ``launch/exitcodes.py``); a spike or a loss-scale collapse then is only logged, as before. Each repair
 appends a line to the run's in-job journal (rank 0, fsynced; format: ``hpc_agent.in_job``) and goes into
-the run's ``config.yaml`` (``in_job.carry_into_config``), which every later job of the run loads (a
+the run's ``config.yaml`` (:func:`carry_into_config`), which every later job of the run loads (a
 hand-over successor, a watcher resubmission); a later attempt of the *same Slurm job* (a requeue) also starts with the patches its earlier
 attempts recorded in the journal, so it does not run out of memory again even when that write failed.
 """
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent import checkpoints, in_job, rundir
+from hpc_agent.adaptive import adaptation_reason
 from hpc_agent.diagnosis.causes import Cause
 from hpc_agent.metrics.divergence import LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS, detect, newest_loss_may_alarm
 from launch import exitcodes
@@ -208,7 +209,7 @@ class InJobRecovery:
                 before))
             _append_synced(rundir.in_job_journal_path(self.run_dir), line)
             try:
-                self.say(f"in-job repair settings {in_job.carry_into_config(self.run_dir, p.patch)}")
+                self.say(f"in-job repair settings {carry_into_config(self.run_dir, p.patch)}")
             except Exception as exc:  # noqa: BLE001 - the repair itself stands; a requeue still reads the journal
                 self.say(f"in-job repair settings not carried into {rundir.CONFIG}: {type(exc).__name__}: {exc}")
             if fault.cause == Cause.DIVERGED.value:
@@ -232,7 +233,7 @@ class InJobRecovery:
         line = in_job.encode(in_job.InJobDecision(
             self.seq, self.job_id, self.attempt, adaptation.step, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None,
             tuple(json.dumps(p) for p in pairs), time.time(), self.left,
-            in_job.adaptation_reason(adaptation.kind, adaptation.reason)))
+            adaptation_reason(adaptation.kind, adaptation.reason)))
         _append_synced(rundir.in_job_journal_path(self.run_dir), line)
 
     def restarted_at(self, step: int, tb: Any) -> None:
@@ -324,3 +325,25 @@ def adopt_configured_lr(engine: Any, lr: float) -> bool:
     for group, value in zip(sched.optimizer.param_groups, sched.get_lr()):
         group["initial_lr"], group["lr"] = lr, value
     return True
+
+
+def carry_into_config(run_dir: Path, patch: Dict[str, Any]) -> str:
+    """Apply ``patch`` to the run's ``config.yaml`` (validated again, written atomically), so every later attempt
+    starts with it; returns what was done, for the job's log. A run directory without one (a job started by hand
+    on a config elsewhere) keeps the patch in the journal only: its own config file is not the job's to change.
+    Raises OSError or ConfigError; the caller says so and trains on.
+
+    Every later attempt of the run loads that file: a requeue, the successor a preempted job submits of itself,
+    and the watcher's resubmission (which patches that file). Without it the next job started from the submitted
+    settings again, ran out of memory again or diverged again at the old learning rate (P2 run 13: the successor
+    of a preempted job trained at ``micro_batch_size`` 8 again after the job's repair to 4; the watcher's
+    resubmission after a host OOM at ``lr`` 1e-3 again after the job's cut to 5e-4)."""
+    from hpc_agent.config.load import apply_patch, load_run_config, write_run_config
+
+    path = rundir.config_path(run_dir)
+    if not patch:
+        return "nothing to carry"
+    if not os.path.lexists(path):
+        return f"not carried into {path.name}: the run directory has none (the journal keeps it)"
+    write_run_config(run_dir, apply_patch(load_run_config(run_dir), patch))  # load_run_config refuses a link
+    return f"carried into {path.name} for later attempts"

@@ -75,7 +75,7 @@ class StopRequest:
 def _say_why_usr2(cli, job_id: str, lead_s: int, say: Callable[[str], None]) -> None:
     """SIGUSR2 is the time-limit warning, or a preemption notice: the time left tells them apart, and
     the log line lets diagnosis (and the watcher) name the cause right."""
-    from hpc_agent.launcher import slurm_time_to_minutes
+    from hpc_agent.slurm.timelimit import slurm_time_to_minutes
     from hpc_agent.slurm.cli import SlurmError
 
     try:

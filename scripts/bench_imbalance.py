@@ -90,6 +90,7 @@ def train_with_trainer(cfg, work_dir: Path, threads: int = 1, timeout: float = 9
     """Run the toolkit's training job (``python -m launch.train``) on ``cfg`` in ``work_dir``; return the
     final evaluation's metrics from its TensorBoard log, and the adaptations its journal records."""
     from hpc_agent import in_job, rundir
+    from hpc_agent.adaptive import adaptation_kind
     from hpc_agent.config.load import to_yaml
     from hpc_agent.metrics.tb_reader import RunScalars
 
@@ -112,7 +113,7 @@ def train_with_trainer(cfg, work_dir: Path, threads: int = 1, timeout: float = 9
     decisions, problems = in_job.read(run_dir)
     if problems:
         raise RuntimeError(f"{run_dir}: in-job journal: {problems}")
-    metrics["adaptations"] = [f"{in_job.adaptation_kind(d.reason)}@{d.step}" for d in decisions
+    metrics["adaptations"] = [f"{adaptation_kind(d.reason)}@{d.step}" for d in decisions
                               if d.action == in_job.ADAPT_ACTION]
     metrics["repairs"] = [f"{d.cause}@{d.step}" for d in decisions if d.action != in_job.ADAPT_ACTION]
     metrics["seconds"] = time.perf_counter() - started

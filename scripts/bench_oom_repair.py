@@ -141,11 +141,11 @@ def _cfg(knobs: Dict[str, object]):
 
 def estimate_rungs(knobs: Dict[str, object]):
     from hpc_agent.memory import estimate_from_config, estimate_with_patch
-    from hpc_agent.policy import _train_after, gpu_oom_rung
+    from hpc_agent.memory import train_after, gpu_oom_rung
 
     cfg = _cfg(knobs)
     out, patch = [({}, estimate_from_config(cfg).total_bytes)], {}
-    while (rung := gpu_oom_rung(_train_after(cfg.train, patch), 1, True)) is not None:
+    while (rung := gpu_oom_rung(train_after(cfg.train, patch), 1, True)) is not None:
         patch = {**patch, **rung[0]}
         out.append((dict(patch), estimate_with_patch(cfg, patch).total_bytes))
     return out

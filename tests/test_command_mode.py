@@ -68,11 +68,11 @@ def test_fresh_start_and_container_workdir(tmp_path):
 
 
 def test_prepare_writes_the_builtin_ds_config(tmp_path, monkeypatch):
-    from hpc_agent.rundir import write_config
+    from hpc_agent.config.load import write_run_config
     from launch.command import prepare
 
     cfg = command_cfg("train.precision=fp32")
-    config_path = write_config(tmp_path, cfg)
+    config_path = write_run_config(tmp_path, cfg)
     env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555",
            "SLURM_JOB_ID": "5", "PATH": "/usr/bin"}
     for key in ("SUBMITIT_LOCAL_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_ARRAY_JOB_ID", "SLURM_PROCID"):
@@ -163,7 +163,7 @@ def test_no_heartbeat_is_no_hang_verdict_in_command_mode(tmp_path, monkeypatch):
 def test_doc_example_runs_locally_and_resumes_from_its_checkpoint(tmp_path):
     from hpc_agent.checkpoints import complete_steps
     from hpc_agent.ledger import Ledger
-    from hpc_agent.rundir import write_config
+    from hpc_agent.config.load import write_run_config
     from hpc_agent.submission import SubmittedButIncomplete, submit_attempt
 
     work = tmp_path / "project"
@@ -184,7 +184,7 @@ def test_doc_example_runs_locally_and_resumes_from_its_checkpoint(tmp_path):
 
     # A second attempt (as the watcher submits one, from another directory) resumes from step 12.
     cfg.train.command = ["python", "train.py", "--steps", "16", "--save-every", "5"]
-    write_config(run_dir, cfg)
+    write_run_config(run_dir, cfg)
     ledger = Ledger.in_runs_root(root)
     try:
         job = submit_attempt(ledger, run_dir.name, run_dir, cfg, rundir.config_path(run_dir), "local", reason="test")

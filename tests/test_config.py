@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from hpc_agent.config import ConfigError
-from hpc_agent.config.load import build_config, load_config, load_snapshot, load_snapshot_text, to_yaml
 from hpc_agent.config.fields import field_problem
+from hpc_agent.config.load import build_config, load_config, load_snapshot, load_snapshot_text, to_yaml
 
 
 def problems_of(*overrides: str, config: str = "quickstart") -> dict:
@@ -217,9 +217,9 @@ def test_escaped_interpolation_stays_literal_through_the_snapshot(monkeypatch):
 
 
 def test_snapshot_written_by_submit_records_env_origin(tmp_path, monkeypatch):
-    from hpc_agent.rundir import write_config
+    from hpc_agent.config.load import write_run_config
 
     monkeypatch.setenv("HPC_AGENT_TEST_DATA", "/data/x.txt")
     cfg = load_config("quickstart", ["data.path=${oc.env:HPC_AGENT_TEST_DATA}"], env={})
-    text = write_config(tmp_path, cfg).read_text()
+    text = write_run_config(tmp_path, cfg).read_text()
     assert "env_origin:\n  data.path:\n  - HPC_AGENT_TEST_DATA" in text

@@ -246,10 +246,10 @@ def test_diagnose_names_hung_for_a_live_run_whose_heartbeat_says_so(capsys, tmp_
     from hpc_agent import rundir
     from hpc_agent.config.load import build_config
     from hpc_agent.heartbeat import Beat, encode
-    from hpc_agent.rundir import write_config
+    from hpc_agent.config.load import write_run_config
 
     run_dir = tmp_path / "runs" / "gpt-20261130-101500"  # the run id in running.txt's job name
-    write_config(run_dir, build_config([{"run": {"name": "gpt"}}]))
+    write_run_config(run_dir, build_config([{"run": {"name": "gpt"}}]))
     now = time.time()
     beat = Beat("102", 0, 0, 1, "node1", 7, "training", now - 900, 40, now - 600, 0, (0.5,) * 20, now - 900, now, 5.0)
     rundir.heartbeat_path(run_dir, 0).parent.mkdir(parents=True)

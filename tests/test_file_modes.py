@@ -119,8 +119,8 @@ def _bad_modes(root: Path, group: bool, planted: set) -> List[Tuple[str, str]]:
 def test_a_submitted_run_and_a_watcher_tick_create_nothing_readable_by_others(tmp_path, mask, group):
     from hpc_agent import submit
     from hpc_agent.config.load import build_config
-    from hpc_agent.launcher import job_name_for
-    from hpc_agent.rundir import write_config
+    from hpc_agent.job_match import job_name_for
+    from hpc_agent.config.load import write_run_config
     from hpc_agent.watcher import Watcher
     from tests.helpers.fake_slurm import FakeSlurm
     from tests.test_watcher import OOM_LOG, FakeSubmitter
@@ -137,7 +137,7 @@ def test_a_submitted_run_and_a_watcher_tick_create_nothing_readable_by_others(tm
         ledger.clock = lambda: slurm.now
         run_dir = make_dir(root / "oom-run", group=group)
         cfg = build_config([{"run": {"name": "t"}, "train": {"micro_batch_size": 8, "grad_accum_steps": 1}}])
-        write_config(run_dir, cfg)
+        write_run_config(run_dir, cfg)
         ledger.add_run("oom-run", "t", str(run_dir))
         sid = ledger.record_intent("oom-run", "slurm", str(run_dir / "config.yaml"), "submit")
         job_id = slurm.submit(job_name_for("oom-run"))

@@ -12,10 +12,10 @@ import pytest
 
 from hpc_agent.config.load import build_config
 from hpc_agent.diagnosis.alarms import Alarm
-from hpc_agent.diagnosis.logscan import LogText
 from hpc_agent.follow import (EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY, RELEASE_LEASE, REQUEUE_EFFECT, RESUBMIT_EFFECT,
                               Observation, RunFiles, RunState, Wants, follow, history_from, situation_from, wants)
 from hpc_agent.lifecycle import Phase
+from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 
 HEADER = "JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed"

@@ -15,12 +15,12 @@ import pytest
 from hpc_agent import rundir
 from hpc_agent.config.load import build_config
 from hpc_agent.diagnosis.hang import HangVerdict
-from hpc_agent.diagnosis.logscan import LogText
 from hpc_agent.follow import (AWAIT_END, CANCEL, NOTIFY, RELEASE_LEASE, RESUBMIT_EFFECT, STACKS, Live, Observation,
                               RunFiles, RunState, Suspicion, Wants, follow, history_from, wants)
 from hpc_agent.heartbeat import Beat, encode
 from hpc_agent.lifecycle import Phase
 from hpc_agent.policy import PastAttempt
+from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 
 HEADER = "JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed"
@@ -166,9 +166,9 @@ class Crash(BaseException):
 
 
 def _world(tmp_path):
-    from hpc_agent.launcher import job_name_for
+    from hpc_agent.job_match import job_name_for
     from hpc_agent.ledger import Ledger
-    from hpc_agent.rundir import write_config
+    from hpc_agent.config.load import write_run_config
     from tests.helpers.fake_slurm import FakeSlurm
     from tests.test_watcher import FakeSubmitter
 
@@ -178,7 +178,7 @@ def _world(tmp_path):
     (run_dir / "slurm").mkdir(parents=True)
     cfg = build_config([{"run": {"name": "t"}, "train": {"max_steps": 100},
                          "resilience": {"heartbeat_s": 1, "hang_floor_s": 10, "stack_wait_s": 5}}])
-    path = write_config(run_dir, cfg)
+    path = write_run_config(run_dir, cfg)
     ledger = Ledger(root / "ledger.sqlite", clock=lambda: slurm.now)
     ledger.add_run("r", "t", str(run_dir))
     sid = ledger.record_intent("r", "slurm", str(path), "submit")

@@ -125,7 +125,8 @@ def test_real_cuda_oom_is_diagnosed_with_the_gpu_capacity(tmp_path):
     """A micro-batch far beyond the GPU: the CUDA allocator's own error, exit code 3, and log-based
     diagnosis reads the cause and the card's capacity from the real message text."""
     from hpc_agent.diagnosis.causes import Cause
-    from hpc_agent.diagnosis.logscan import LogText, gpu_capacity_bytes, scan_logs
+    from hpc_agent.rundir import LogText
+    from hpc_agent.diagnosis.logscan import gpu_capacity_bytes, scan_logs
 
     cfg = snapshot(tmp_path / "oom.yaml", train={"precision": "fp16", "micro_batch_size": 4096, "zero_stage": 2,
                                                  "max_steps": 2, "ckpt_every": 100, "activation_checkpointing": False},

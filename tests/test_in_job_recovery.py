@@ -8,14 +8,16 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers.common import run_ranks, snapshot
 from hpc_agent import in_job, rundir
-from hpc_agent.config.load import build_config
+from hpc_agent.adaptive import adaptation_kind, adaptation_reason
+from hpc_agent.config.load import build_config, load_run_config
+from hpc_agent.in_job_ingest import InJobIngest, audit_record
 from hpc_agent.journal import Journal
 from hpc_agent.ledger import Ledger
 from launch import exitcodes
-from launch.recovery import CONTINUE, EXIT, REPAIR, Fault, agree, carried_patch, divergence_fault, plan
-
-from helpers.common import run_ranks, snapshot
+from launch.recovery import (CONTINUE, EXIT, REPAIR, Fault, agree, carried_patch, carry_into_config, divergence_fault,
+                             plan)
 
 
 def _cfg(**train):
@@ -148,7 +150,7 @@ def test_an_adaptation_line_round_trips_and_is_audited_as_decided_in_the_job():
     d = in_job.InJobDecision(3, "7", 0, 12, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None, ("[11, 0.5]", "[12, 9.0]"),
                              1.5e9, 2, "lr_decay: grad norm 9 at step 12 ...")
     assert in_job.parse_line(in_job.encode(d)) == d
-    record = in_job.audit_record(d)
+    record = audit_record(d)
     assert (record["action"], record["cause"], record["decided_in"], record["step"]) == \
         ("adaptive_schedule", "adaptive", "job", 12)
     assert carried_patch([d], "7", 1) == {}  # a requeue carries no setting from it
@@ -207,7 +209,7 @@ def test_ingest_records_each_line_once_as_a_job_decision(tmp_path):
     ledger.add_run("r1", "n", str(tmp_path / "run"))
     journal = Journal(ledger)
     said = []
-    ingest = in_job.InJobIngest(ledger, journal, lambda run, text: said.append(text))
+    ingest = InJobIngest(ledger, journal, lambda run, text: said.append(text))
     path = rundir.in_job_journal_path(tmp_path / "run")
     path.parent.mkdir(parents=True)
     path.write_text(in_job.encode(_decision(1, before={"train.micro_batch_size": 4})) + "garbage\n")
@@ -216,7 +218,7 @@ def test_ingest_records_each_line_once_as_a_job_decision(tmp_path):
     with path.open("a") as f:
         f.write(in_job.encode(_decision(2)))
     assert [d.seq for d in ingest.tick("r1")] == [2]
-    again = in_job.InJobIngest(ledger, journal, lambda run, text: None)  # a restarted watcher
+    again = InJobIngest(ledger, journal, lambda run, text: None)  # a restarted watcher
     assert again.tick("r1") == []
     records = [rec for _, _, rec in journal.audit_records("r1")]
     assert [r["in_job_seq"] for r in records] == [1, 2]
@@ -232,7 +234,7 @@ def test_ingest_never_raises(tmp_path):
     ledger = Ledger(tmp_path / "ledger.sqlite")
     ledger.add_run("r1", "n", str(tmp_path / "run"))
     said = []
-    ingest = in_job.InJobIngest(ledger, SimpleNamespace(), lambda run, text: said.append(text))
+    ingest = InJobIngest(ledger, SimpleNamespace(), lambda run, text: said.append(text))
     path = rundir.in_job_journal_path(tmp_path / "run")
     path.parent.mkdir(parents=True)
     path.write_text(in_job.encode(_decision(1)))
@@ -275,7 +277,7 @@ def test_two_ranks_repair_an_injected_oom_in_the_same_processes(tmp_path):
     assert _steps_logged(out) == [1, 2, 3, 4, 5, 6]
     # the next job of the run (a successor, a resubmission) loads config.yaml: it starts with the repair
     assert "in-job repair settings carried into config.yaml for later attempts" in out
-    train = rundir.load_config(run_dir).train
+    train = load_run_config(run_dir).train
     assert (train.micro_batch_size, train.grad_accum_steps, train.lr) == (2, 2, 1e-3)
 
 
@@ -311,7 +313,7 @@ def test_two_ranks_roll_back_an_injected_nan_with_a_lower_lr(tmp_path):
     after = [line for line in out.splitlines() if line.startswith("[hpc_agent] step 3 ")]
     assert len(after) == 2 and "lr 5.000e-04" in after[1]  # step 3 again, at half the learning rate
     assert "loss nan" not in out
-    assert rundir.load_config(run_dir).train.lr == 5e-4  # and so does every later job of the run
+    assert load_run_config(run_dir).train.lr == 5e-4  # and so does every later job of the run
 
 
 @pytest.mark.slow
@@ -377,17 +379,17 @@ def test_a_real_spike_after_the_history_was_cut_is_still_found(tmp_path):
 
 
 @pytest.mark.parametrize("reason, kind", [
-    (in_job.adaptation_reason("warm_restart", "train plateau: best 2.49"), "warm_restart"),
-    (in_job.adaptation_reason("lr_decay", "gradient norm 96 > 10 x median"), "lr_decay"),
+    (adaptation_reason("warm_restart", "train plateau: best 2.49"), "warm_restart"),
+    (adaptation_reason("lr_decay", "gradient norm 96 > 10 x median"), "lr_decay"),
     ("escalate_rollback", "escalate_rollback"),
     ("\x1b[2Jsomething: else", None), ("", None), ("warm_restarts: typo", None),
 ])
 def test_an_adaptations_kind_is_read_back_from_its_reason(reason, kind):
-    assert in_job.adaptation_kind(reason) == kind
+    assert adaptation_kind(reason) == kind
 
 
 def test_an_adaptation_reason_is_clipped_to_the_journal_limit():
-    assert len(in_job.adaptation_reason("lr_decay", "x" * (2 * in_job.MAX_TEXT))) == in_job.MAX_TEXT
+    assert len(adaptation_reason("lr_decay", "x" * (2 * in_job.MAX_TEXT))) == in_job.MAX_TEXT
 
 
 def _with_spikes(seed, n, at, height):
@@ -478,11 +480,11 @@ def test_the_precheck_margin_and_edges():
 
 
 def _submitted(tmp_path, **train):
-    from hpc_agent.rundir import write_config
+    from hpc_agent.config.load import write_run_config
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    write_config(run_dir, _cfg(**train))
+    write_run_config(run_dir, _cfg(**train))
     return run_dir
 
 
@@ -490,16 +492,16 @@ def test_a_repair_is_carried_into_the_runs_config_for_later_jobs(tmp_path):
     """What the job writes after a repair: config.yaml with the patch applied and nothing else changed, validated,
     written atomically with the folder's mode; a second repair builds on the first."""
     run_dir = _submitted(tmp_path)
-    before = rundir.load_config(run_dir)
-    said = in_job.carry_into_config(run_dir, {"train.micro_batch_size": 2, "train.grad_accum_steps": 2})
+    before = load_run_config(run_dir)
+    said = carry_into_config(run_dir, {"train.micro_batch_size": 2, "train.grad_accum_steps": 2})
     assert said == "carried into config.yaml for later attempts"
-    in_job.carry_into_config(run_dir, {"train.lr": 5e-4})
-    after = rundir.load_config(run_dir)
+    carry_into_config(run_dir, {"train.lr": 5e-4})
+    after = load_run_config(run_dir)
     assert (after.train.micro_batch_size, after.train.grad_accum_steps, after.train.lr) == (2, 2, 5e-4)
     assert after.slurm == before.slurm and after.model == before.model
     assert oct(os.stat(rundir.config_path(run_dir)).st_mode & 0o777) == "0o600"
     assert [p.name for p in run_dir.iterdir()] == ["config.yaml"]  # no temp file left
-    assert in_job.carry_into_config(run_dir, {}) == "nothing to carry"
+    assert carry_into_config(run_dir, {}) == "nothing to carry"
 
 
 def test_carrying_refuses_a_link_and_an_invalid_patch_and_leaves_the_file_alone(tmp_path):
@@ -508,14 +510,14 @@ def test_carrying_refuses_a_link_and_an_invalid_patch_and_leaves_the_file_alone(
     run_dir = _submitted(tmp_path)
     text = rundir.config_path(run_dir).read_text()
     with pytest.raises(ConfigError):
-        in_job.carry_into_config(run_dir, {"train.micro_batch_size": 0})
+        carry_into_config(run_dir, {"train.micro_batch_size": 0})
     assert rundir.config_path(run_dir).read_text() == text
     elsewhere = tmp_path / "elsewhere.yaml"
     elsewhere.write_text(text)
     rundir.config_path(run_dir).unlink()
     rundir.config_path(run_dir).symlink_to(elsewhere)
     with pytest.raises(OSError):
-        in_job.carry_into_config(run_dir, {"train.lr": 5e-4})
+        carry_into_config(run_dir, {"train.lr": 5e-4})
     assert elsewhere.read_text() == text and rundir.config_path(run_dir).is_symlink()
 
 
@@ -525,5 +527,5 @@ def test_every_job_of_a_submitted_run_loads_the_runs_config_yaml(tmp_path):
     from hpc_agent.submission import job_for
 
     run_dir = _submitted(tmp_path)
-    job = job_for(run_dir, rundir.load_config(run_dir), rundir.config_path(run_dir))
+    job = job_for(run_dir, load_run_config(run_dir), rundir.config_path(run_dir))
     assert Path(job.config_path) == rundir.config_path(run_dir)

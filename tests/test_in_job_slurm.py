@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_agent import rundir
+from hpc_agent.config.load import load_run_config
 from hpc_agent.ledger import Ledger
 from tests.conftest import run_cli
-from tests.slurm_helpers import (LONG_RUN, WatcherProcess, attempts, events, ledger_job_ids, log_text,
-                                 submit, wait_for)
+from tests.slurm_helpers import LONG_RUN, WatcherProcess, attempts, events, ledger_job_ids, log_text, submit, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -42,7 +41,7 @@ def test_fault_repaired_inside_the_same_slurm_job(root, name, fault, cause, patc
     else:
         assert record["decision"]["rollback_to_step"] == 10 and record["step"] == 12
     # carried into the run's config.yaml, which the run's next job loads (a successor, a resubmission)
-    train = rundir.load_config(run_dir).train
+    train = load_run_config(run_dir).train
     assert {key: getattr(train, key.split(".", 1)[1]) for key in patch} == patch
     assert not [e for e in events(run_dir) if e.get("decision") and e.get("decided_in") != "job"]
     review = run_cli("-m", "hpc_agent.review", str(root))

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hpc_agent.job_match import SUBMIT_SLACK_S, Claim, own_attempts
-from hpc_agent.launcher import job_name_for
+from hpc_agent.job_match import job_name_for
 from hpc_agent.observe import json_verdict
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from hpc_agent.sweep.batch import array_name

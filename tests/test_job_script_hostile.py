@@ -19,7 +19,8 @@ import pytest
 from hpc_agent import launcher, paths, rundir
 from hpc_agent.config.load import build_config, load_config
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.launcher import job_name_for, render_job_script
+from hpc_agent.job_match import job_name_for
+from hpc_agent.launcher import render_job_script
 from hpc_agent.sweep.batch import TrialJob, array_parameters
 from tests.helpers.sbatch_parse import sbatch_options
 

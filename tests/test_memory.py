@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_agent.config.load import build_config
+from hpc_agent.config.load import apply_patch, build_config
 from hpc_agent.memory import Estimate, cheapest_fit, estimate, estimate_from_config, gpt_param_count
-from hpc_agent.policy import apply_patch
 
 GiB = 2**30
 SIZES = [(12, 768, 1024), (28, 1024, 1024), (24, 2048, 2048)]  # ~86 M, 354 M (configs/gpt350m.yaml), 1.2 B

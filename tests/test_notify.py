@@ -18,7 +18,7 @@ from hpc_agent.ledger import Ledger
 from hpc_agent.notify import Notifier, deliver, send_command, send_webhook, NotifyFailed
 from hpc_agent.notify_events import Notification, notifications_for, paused_notification
 from hpc_agent.policy import PastAttempt, retries_left
-from hpc_agent.rundir import write_config
+from hpc_agent.config.load import write_run_config
 from tests.helpers.webhook import Receiver, closed_port_url
 from tests.test_watcher import CODE_LOG, add_run, world  # noqa: F401 - the fake-Slurm watcher fixture
 
@@ -162,7 +162,7 @@ def test_a_slow_or_refusing_webhook_fails_within_its_timeout():
 def _run_with_notify(tmp_path: Path, ledger: Ledger, run_id: str, **notify) -> Path:
     run_dir = tmp_path / run_id
     run_dir.mkdir(parents=True)
-    write_config(run_dir, build_config([{"notify": notify}]))
+    write_run_config(run_dir, build_config([{"notify": notify}]))
     ledger.add_run(run_id, "t", str(run_dir))
     return run_dir
 
@@ -259,7 +259,7 @@ def test_watch_refuses_a_bad_default_notifier_without_showing_the_url(tmp_path, 
 def test_the_watcher_notifies_a_run_it_gives_up_on_and_survives_a_failing_notifier(world):  # noqa: F811
     run_dir, job = add_run(world, "r", log=CODE_LOG)
     with Receiver() as server:
-        write_config(run_dir, build_config([{"run": {"name": "t"}, "notify": {
+        write_run_config(run_dir, build_config([{"run": {"name": "t"}, "notify": {
             "webhook_url": server.url, "command": ["sh", "-c", "exit 1"]}}]))
         world["slurm"].fail(job, 1)
         world["watcher"].tick()
@@ -278,7 +278,7 @@ def test_a_nearly_spent_budget_asks_for_attention(tmp_path):
     journal, sent = Journal(ledger), []
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    write_config(run_dir, build_config([{"watch": {"max_retries": 3}, "notify": {"command": ["x"]}}]))
+    write_run_config(run_dir, build_config([{"watch": {"max_retries": 3}, "notify": {"command": ["x"]}}]))
     ledger.add_run("r", "t", str(run_dir))
     notifier = Notifier(ledger, journal, lambda *a: None, send=lambda n, s: sent.append(n) or {})
     notifier.start()

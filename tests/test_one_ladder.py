@@ -17,10 +17,10 @@ from hpc_agent.config.load import build_config
 from hpc_agent.config.schema import Config
 from hpc_agent.diagnose import diagnose
 from hpc_agent.diagnosis.causes import Cause
-from hpc_agent.diagnosis.logscan import LogText
 from hpc_agent.memory import estimate_from_config, estimate_with_patch
 from hpc_agent.policy import RESUBMIT, STOP, PastAttempt, Situation, decide
 from hpc_agent.preflight import HEADROOM, REFUSE, memory_verdict
+from hpc_agent.rundir import LogText
 
 GIB = 2**30
 JOB = "201"

@@ -6,11 +6,12 @@ from typing import Any, Dict, Optional, Sequence
 
 import pytest
 
-from hpc_agent.config.load import build_config
+from hpc_agent.config.load import apply_patch, build_config, patch_as_overrides
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.diagnosis.causes import ALL_CAUSES
-from hpc_agent.policy import (DONE, REQUEUE, RESUBMIT, STOP, WAIT, PastAttempt, PolicyLimits, Situation, apply_patch,
-                              decide, format_mem, gpu_oom_rung, merge_exclude, parse_mem_mb, patch_as_overrides)
+from hpc_agent.memory import gpu_oom_rung
+from hpc_agent.policy import (DONE, REQUEUE, RESUBMIT, STOP, WAIT, PastAttempt, PolicyLimits, Situation, decide,
+                              format_mem, merge_exclude, parse_mem_mb)
 
 
 def cfg(**overrides: Any):

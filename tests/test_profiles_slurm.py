@@ -74,8 +74,8 @@ def test_submit_with_profile_completes_and_records_it(tmp_path):
     text = script.read_text()
     assert "#SBATCH --partition=high" in text and "# activation lines of profile site" in text
 
-    from hpc_agent import rundir
+    from hpc_agent.config.load import load_run_config
 
     (profiles / "site.yaml").unlink()  # the watcher resubmits from the snapshot alone
-    cfg = rundir.load_config(run_dir)
+    cfg = load_run_config(run_dir)
     assert cfg.profile.name == "site" and cfg.slurm.partition == "high"

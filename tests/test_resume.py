@@ -6,6 +6,7 @@ import pytest
 
 from helpers.common import expect, losses, run, snapshot, start, tb_scalars, wait_for, wait_for_snapshot
 from hpc_agent import in_job
+from hpc_agent.adaptive import adaptation_kind
 from launch import exitcodes, universal
 from launch.checkpoint import MARKER, tag_for
 
@@ -23,7 +24,7 @@ def adaptations(run_dir):
     past the step it resumed from are made again by the resumed attempt)."""
     decisions, problems = in_job.read(run_dir)
     assert problems == []
-    return sorted({(d.step, in_job.adaptation_kind(d.reason)) for d in decisions if d.action == in_job.ADAPT_ACTION})
+    return sorted({(d.step, adaptation_kind(d.reason)) for d in decisions if d.action == in_job.ADAPT_ACTION})
 
 
 def check_adaptations(mode, straight_dir, resumed_dir, resumed_from):

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.config.load import build_config
+from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.ledger import Ledger
 from hpc_agent.review import main, review_run, start_tensorboard
 from hpc_agent.review_plot import boundary_labels, event_label
-from hpc_agent.rundir import write_config
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = "gpt-20260101-000000"
@@ -63,7 +62,7 @@ def _write_attempt(tb: Path, attempt: int, steps, start_wall: float, step_time: 
 def make_run(root: Path) -> Path:
     run_dir = root / RUN_ID
     (run_dir / "tb").mkdir(parents=True)
-    write_config(run_dir, build_config([{"train": {"max_steps": 100, "micro_batch_size": 8}}]))
+    write_run_config(run_dir, build_config([{"train": {"max_steps": 100, "micro_batch_size": 8}}]))
     ledger = Ledger.in_runs_root(root)
     ledger.clock = lambda: T0
     ledger.add_run(RUN_ID, "gpt", str(run_dir))

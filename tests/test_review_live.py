@@ -15,16 +15,15 @@ import pytest
 from rich.console import Console
 
 from hpc_agent import heartbeat, in_job, rundir
-from hpc_agent.config.load import build_config
+from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.config.resilience import ResilienceConfig
 from hpc_agent.diagnosis.hang import judge
+from hpc_agent.in_job_ingest import audit_record
 from hpc_agent.ledger import Ledger
 from hpc_agent.review import decision_lines, main, render_table
 from hpc_agent.review_live import describe, duration, live_view
 from hpc_agent.review_plot import boundary_labels, build_figure, in_job_markers
 from hpc_agent.runreview import review_run
-from hpc_agent.rundir import write_config
-
 from tests.test_review import RUN_ID, T0, _write_attempt, make_run
 
 STEP_S = 1.0
@@ -36,7 +35,7 @@ DEFAULTS = ResilienceConfig()
 def make_live_run(root: Path, phase: str = "running") -> Path:
     run_dir = root / RUN_ID
     (run_dir / "tb").mkdir(parents=True)
-    write_config(run_dir, build_config([{"train": {"max_steps": 100}}]))
+    write_run_config(run_dir, build_config([{"train": {"max_steps": 100}}]))
     ledger = Ledger.in_runs_root(root)
     ledger.clock = lambda: T0
     ledger.add_run(RUN_ID, "gpt", str(run_dir))
@@ -188,7 +187,7 @@ def in_job_record(reason: str = "next OOM-ladder rung", **changes) -> dict:
                                     rollback_to_step=None, evidence=("CUDA out of memory",), at=LAST - 3,
                                     budget_left=1, reason=reason,
                                     before={"train.micro_batch_size": 8})
-    return dict(in_job.audit_record(decision), run_id=RUN_ID, time="2026-01-01T00:05:00", **changes)
+    return dict(audit_record(decision), run_id=RUN_ID, time="2026-01-01T00:05:00", **changes)
 
 
 def test_in_job_decisions_are_marked(root, capsys):
@@ -221,7 +220,7 @@ def adaptation_record(reason: str, step: int, seq: int = 2) -> dict:
                                               ('[30, 2.5]', '[40, 2.49]'), LAST - 2, 2, reason))
     (decision,), problems = in_job.parse(line)
     assert problems == []
-    return dict(in_job.audit_record(decision), run_id=RUN_ID, time="2026-01-01T00:05:00")
+    return dict(audit_record(decision), run_id=RUN_ID, time="2026-01-01T00:05:00")
 
 
 def test_adaptations_are_markers_of_their_own_with_their_kind(root, capsys):
@@ -313,7 +312,7 @@ def test_diagnose_of_a_running_job_says_what_review_says(tmp_path, capsys, monke
     now = _time.time()
     run_dir = tmp_path / "runs" / RUN_ID
     (run_dir / "tb").mkdir(parents=True)
-    write_config(run_dir, build_config([{"train": {"max_steps": 100}}]))
+    write_run_config(run_dir, build_config([{"train": {"max_steps": 100}}]))
     _write_attempt(run_dir / "tb", 0, list(range(1, 41)), now - 300, STEP_S)  # step 40 at now - 260
     beat = heartbeat.Beat("102", 0, 0, 1, "node1", 7, "training", now - 600, 40, now - 260, 0, (STEP_S,) * 20,
                           now - 600, now - 2, 5.0)

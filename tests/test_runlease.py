@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.runlease import (REFUSE, TAKE, TAKEOVER, WAIT, Holder, LeaseWaitCancelled, RunDirBusy, RunLease, judge,
-                                job_identity, me_from_env, move_aside_if, publish_exclusive, read_holder,
+from hpc_agent.runlease import (REFUSE, TAKE, TAKEOVER, WAIT, Holder, LeaseWaitCancelled, RunDirBusy, RunLease,
+                                job_identity, judge, me_from_env, move_aside_if, publish_exclusive, read_holder,
                                 settings_from_env, stale_after_s)
 
 NOW = 1_000_000.0
@@ -350,7 +350,8 @@ def test_refusal_is_exit_73_cause_run_dir_busy_and_the_watcher_stops():
     from hpc_agent.config.schema import Config
     from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
     from hpc_agent.diagnosis.exit_codes import EXIT_CODES, EXIT_RUN_DIR_BUSY, announced_exit_code
-    from hpc_agent.diagnosis.logscan import LogText, scan_logs
+    from hpc_agent.rundir import LogText
+    from hpc_agent.diagnosis.logscan import scan_logs
     from hpc_agent.policy import STOP, decide
     from launch import exitcodes
 

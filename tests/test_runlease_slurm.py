@@ -37,9 +37,10 @@ def test_second_attempt_on_a_live_run_dir_refuses_to_train(tmp_path, monkeypatch
         # resubmission racing a requeue, looks like to the job): same executor, script and training call.
         from hpc_agent.job import TrainingJob
         from hpc_agent.launcher import make_executor
-        from hpc_agent.rundir import config_path, load_config, slurm_dir
+        from hpc_agent.rundir import config_path, slurm_dir
+        from hpc_agent.config.load import load_run_config
 
-        executor = make_executor("slurm", slurm_dir(run_dir), load_config(run_dir), run_dir.name, run_dir,
+        executor = make_executor("slurm", slurm_dir(run_dir), load_run_config(run_dir), run_dir.name, run_dir,
                                  config_path(run_dir))
         job_b = executor.submit(TrainingJob(run_dir, config_path(run_dir))).job_id
         extra_jobs.append(job_b)

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_agent import rundir, submission, submit
-from hpc_agent.config.load import load_config
+from hpc_agent import submission, submit
+from hpc_agent.config.load import load_config, write_run_config
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import FOLLOWED, Action, Event, EventKind, Phase
 
@@ -123,7 +123,7 @@ def test_submit_attempt_moves_a_first_submission_and_a_resubmission_to_pending(t
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     ledger.add_run("r", "r", str(run_dir))
-    path = rundir.write_config(run_dir, cfg)
+    path = write_run_config(run_dir, cfg)
     assert path == run_dir / "config.yaml"
     submission.submit_attempt(ledger, "r", run_dir, cfg, path, "local", reason="submit")
     assert ledger.run("r").phase == "pending"

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from hpc_agent.config.load import load_config
-from hpc_agent.launcher import (job_name_for, render_job_script, run_id_from_job_name, slurm_parameters,
-                                slurm_time_to_minutes, load_template)
+from hpc_agent.job_match import job_name_for, run_id_from_job_name
+from hpc_agent.launcher import load_template, render_job_script, slurm_parameters
+from hpc_agent.slurm.timelimit import slurm_time_to_minutes
 from tests.conftest import run_cli
 
 GOLDEN = Path(__file__).parent / "golden" / "quickstart.sbatch"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.launcher import job_name_for
+from hpc_agent.job_match import job_name_for
 from hpc_agent.slurm.cli import SlurmCLI
 from hpc_agent.slurm.sacct import parse_parsable2
 from tests.conftest import run_cli

@@ -148,7 +148,7 @@ def test_the_watcher_adopts_the_successor_once_and_cancels_the_held_job(world): 
     run of the adopt effect (a crash before the journal marked it done) adds nothing."""
     from hpc_agent import effects
     from hpc_agent.journal import EffectRow
-    from hpc_agent.launcher import job_name_for
+    from hpc_agent.job_match import job_name_for
     from tests.test_watcher import add_run
 
     slurm, ledger, watcher = world["slurm"], world["ledger"], world["watcher"]

@@ -10,12 +10,13 @@ import re
 
 import pytest
 
-from hpc_agent import handback, rundir
+from hpc_agent import handback
+from hpc_agent.config.load import load_run_config
 from hpc_agent.diagnose import read_tb_scalars
 from hpc_agent.ledger import Ledger
 from launch.schedule import lr_at
-from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, first_attempt_pids, job_nodes,
-                                 log_text, preempt_after_step_20, states, submit, wait_for)
+from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, first_attempt_pids, job_nodes, log_text,
+                                 preempt_after_step_20, states, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 MAX_STEPS = 1500
@@ -64,7 +65,7 @@ def test_a_preempted_run_hands_over_to_its_successor_and_completes(tmp_path):
         # after it, half the schedule's LR at that step (the printed LR is update step-1's)
         assert before[saved] == pytest.approx(lr_at(saved - 1, 5e-4, 0, MAX_STEPS, 0.1), rel=1e-2), before
         assert after[saved + 1] == pytest.approx(before[saved], rel=1e-2), (before[saved], after[saved + 1])
-        assert rundir.load_config(run_dir).train.lr == 5e-4
+        assert load_run_config(run_dir).train.lr == 5e-4
     finally:
         watcher.stop()
         cleanup_jobs(root)

@@ -15,12 +15,10 @@ from hpc_agent.config.load import load_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.ledger import LEDGER_FILE, Ledger
 from hpc_agent.metrics.tb_reader import Point
-from hpc_agent.sweep.batch import TrialJob, array_name, array_setup, task_job_id
-from hpc_agent.sweep.driver import (A_BATCH, A_JOB, A_PRUNED, SweepDriver, new_reports, objective_value,
-                                    trial_outcome)
-from hpc_agent.sweep.spec import (best_so_far, distribution, format_value, make_pruner, parse_spec,
-                                  trial_overrides)
 from hpc_agent.review_sweep import summarize, trial_row
+from hpc_agent.sweep.batch import TrialJob, array_name, array_setup, task_job_id
+from hpc_agent.sweep.driver import A_BATCH, A_JOB, A_PRUNED, SweepDriver, new_reports, objective_value, trial_outcome
+from hpc_agent.sweep.spec import best_so_far, distribution, format_value, make_pruner, parse_spec, trial_overrides
 from tests.conftest import REPO, run_cli
 from tests.helpers.fake_slurm import FakeSlurm
 
@@ -361,9 +359,9 @@ def test_diagnose_finds_a_trial_run_through_the_ledger(tmp_path):
     run_dir = root / "s-t001"
     (run_dir / "slurm").mkdir(parents=True)
     cfg = load_config("quickstart", [f"run.runs_root={root}", "run.name=s-t001"])
-    from hpc_agent.rundir import write_config
+    from hpc_agent.config.load import write_run_config
 
-    write_config(run_dir, cfg)
+    write_run_config(run_dir, cfg)
     (run_dir / "slurm" / "900_1_0_log.out").write_text("[hpc_agent] done: 10 steps\n")
     ledger = Ledger.in_runs_root(root)
     ledger.add_run("s-t001", "s-t001", str(run_dir))

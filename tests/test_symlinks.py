@@ -172,7 +172,7 @@ def test_a_linked_slurm_folder_is_not_searched(run_dir, outside):
 
 def test_diagnose_refuses_a_linked_log_with_exit_2(run_dir, outside, capsys):
     from hpc_agent import diagnose
-    from hpc_agent.launcher import job_name_for
+    from hpc_agent.job_match import job_name_for
 
     (run_dir / "slurm").mkdir()
     (run_dir / "slurm" / "7_0_log.out").symlink_to(outside / "secret.log")

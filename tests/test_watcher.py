@@ -14,10 +14,9 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from hpc_agent.config.load import build_config, load_snapshot
-from hpc_agent.launcher import job_name_for
+from hpc_agent.config.load import build_config, load_snapshot, write_run_config
+from hpc_agent.job_match import job_name_for
 from hpc_agent.ledger import Ledger
-from hpc_agent.rundir import write_config
 from hpc_agent.submission import record_job
 from hpc_agent.watcher import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
@@ -70,7 +69,7 @@ def add_run(world, run_id: str, log: str = "", start: bool = True, **train) -> T
     run_dir = world["root"] / run_id
     (run_dir / "slurm").mkdir(parents=True)
     cfg = build_config([{"run": {"name": "t"}, "train": {"micro_batch_size": 8, "grad_accum_steps": 1, **train}}])
-    path = write_config(run_dir, cfg)
+    path = write_run_config(run_dir, cfg)
     ledger = world["ledger"]
     ledger.add_run(run_id, "t", str(run_dir))
     sid = ledger.record_intent(run_id, "slurm", str(path), "submit")

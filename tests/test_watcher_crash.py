@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.config.load import build_config
+from hpc_agent.config.load import build_config, write_run_config
+from hpc_agent.job_match import job_name_for
 from hpc_agent.journal import Journal
-from hpc_agent.launcher import job_name_for
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import Event, EventKind
-from hpc_agent.rundir import write_config
 from hpc_agent.submission import CRASH_ENV, crash_point, record_job
 from hpc_agent.watcher import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
@@ -100,7 +99,7 @@ def _new_run(root: Path, ledger: Ledger, i: int, kind: str) -> tuple:
     run_dir = root / run_id
     (run_dir / "slurm").mkdir(parents=True)
     cfg = build_config([{"run": {"name": "t"}, "train": {"micro_batch_size": 8, "grad_accum_steps": 1}}])
-    path = write_config(run_dir, cfg)
+    path = write_run_config(run_dir, cfg)
     job = fake.submit(job_name_for(run_id))
     fake.start(job)
     ledger.add_run(run_id, "t", str(run_dir))

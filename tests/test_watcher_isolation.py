@@ -8,12 +8,11 @@ from __future__ import annotations
 import os
 
 from hpc_agent import rundir
-from hpc_agent.config.load import build_config
+from hpc_agent.config.load import build_config, write_run_config
+from hpc_agent.job_match import job_name_for
 from hpc_agent.journal import Journal
-from hpc_agent.launcher import job_name_for
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import Event, EventKind
-from hpc_agent.rundir import write_config
 from hpc_agent.submission import record_job
 from hpc_agent.watcher import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
@@ -24,7 +23,7 @@ PREEMPTION_LOG = "[hpc_agent] signal SIGTERM at step 12: checkpoint step_0000001
 def _run(root, ledger, slurm, run_id, log):
     run_dir = root / run_id
     rundir.slurm_dir(run_dir).mkdir(parents=True)
-    path = write_config(run_dir, build_config([{"run": {"name": run_id}}]))
+    path = write_run_config(run_dir, build_config([{"run": {"name": run_id}}]))
     job = slurm.submit(job_name_for(run_id))
     slurm.start(job)
     ledger.add_run(run_id, run_id, str(run_dir))

@@ -20,8 +20,9 @@ from hpc_agent.chaos import inject
 from hpc_agent.chaos.progress import Progress, parse_progress, recovered_segment, steps_lost
 from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, ettr, fault_checks,
                                     final_checkpoint_check, time_lost)
-from hpc_agent.chaos.schedule import (CTLD_RESTART, INTERRUPTING, KILL_DURING_SAVE, NODE_FAIL, PREEMPT,
-                                      RUNTIME_KINDS, WATCHER_KILL, Fault)
+from hpc_agent.chaos.schedule import (CTLD_RESTART, INTERRUPTING, KILL_DURING_SAVE, NODE_FAIL, PREEMPT, RUNTIME_KINDS,
+                                      WATCHER_KILL, Fault)
+from hpc_agent.config.load import load_run_config
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
 STALL_S = 30.0  # a target whose last logged step has not moved for this long is not training
@@ -61,7 +62,7 @@ class Target:
         return read_events(self.run_dir)
 
     def config(self):
-        return rundir.load_config(self.run_dir)
+        return load_run_config(self.run_dir)
 
 
 def submit_run(root: Path, config: str, overrides: Sequence[str]) -> Path:

@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hpc_agent import rundir
 from hpc_agent.config.env_origin import ORIGIN_KEY, carried_origins, escape_literals, metadata_problems, scan_layer
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import SECTIONS, Config
@@ -274,3 +275,31 @@ def to_yaml(config: Config) -> str:
 
 def to_dict(config: Config) -> Dict[str, Any]:
     return dataclasses.asdict(config)
+
+
+def load_run_config(run_dir: Path) -> Config:
+    """The run's ``config.yaml``, read bounded and regular-file-only, then validated like any snapshot."""
+    return load_snapshot_text(rundir.read_text(rundir.config_path(run_dir)), source=str(rundir.config_path(run_dir)))
+
+
+def write_run_config(run_dir: Path, cfg: Config, name: str = rundir.CONFIG) -> Path:
+    """Write ``cfg`` as the run's ``config.yaml`` (or the attempt copy ``name``), atomically: a reader sees the old
+    file or the new one, never half of it. The one writer of the file that :func:`load_run_config` reads."""
+    from hpc_agent.fsutil import atomic_write_text
+
+    path = Path(run_dir) / name
+    atomic_write_text(path, to_yaml(cfg))
+    return path
+
+
+def apply_patch(cfg: Config, patch: Mapping[str, Any]) -> Config:
+    """``cfg`` with ``patch`` applied, validated again (raises ConfigError listing every problem)."""
+    return build_config([to_dict(cfg), dict(patch)])
+
+
+def patch_as_overrides(patch: Mapping[str, Any]) -> list[str]:
+    """``{"train.lr": 0.0001}`` -> ``["train.lr=0.0001"]`` (for ``submit`` and the ledger)."""
+    def fmt(v: Any) -> str:
+        return "null" if v is None else ("true" if v is True else "false" if v is False else str(v))
+
+    return [f"{k}={fmt(v)}" for k, v in patch.items()]

@@ -9,7 +9,7 @@
 from hpc_agent.diagnosis.alarms import Alarm, alarms_from_scalars
 from hpc_agent.diagnosis.causes import ALL_CAUSES, Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_attempt, classify_job
-from hpc_agent.diagnosis.logscan import LogText
+from hpc_agent.rundir import LogText
 
 __all__ = ["Alarm", "alarms_from_scalars", "ALL_CAUSES", "Cause", "Diagnosis", "classify_attempt", "classify_job",
            "LogText"]

@@ -25,8 +25,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hpc_agent.diagnosis.alarms import Alarm
 from hpc_agent.diagnosis.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.diagnosis.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
-from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, LogText, parse_timestamp, scan_logs, since_last_repair,
+from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, parse_timestamp, scan_logs, since_last_repair,
                                          split_attempts, split_by_time)
+from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import Attempt
 
 PENDING_STATES = {"PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}

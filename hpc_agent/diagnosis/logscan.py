@@ -15,31 +15,15 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Pattern, Sequence, Tuple
+from typing import Dict, List, Optional, Pattern, Sequence, Tuple
 
 from hpc_agent.diagnosis.causes import Cause
+from hpc_agent.rundir import LogText
 
 FAULT = "fault"
 """Something broke inside the job."""
 KILL = "kill"
 """Slurm (or submitit on its behalf) ended the job: time limit, preemption, node failure, scancel."""
-
-
-@dataclass(frozen=True)
-class LogText:
-    """The (tail of the) text of one log file; ``name`` is shown in evidence and may carry the rank."""
-
-    name: str
-    text: str
-    line_numbers: Tuple[int, ...] = ()
-    """File line number of each line of ``text`` when it is a piece of a longer log; empty: 1, 2, 3..."""
-    truncated: bool = False
-    """``text`` is a tail that does not start at the beginning of the file: the lines before its first
-    attempt-start marker belong to an earlier attempt."""
-
-    def numbered_lines(self) -> Iterator[Tuple[int, str]]:
-        for i, line in enumerate(self.text.splitlines()):
-            yield (self.line_numbers[i] if i < len(self.line_numbers) else i + 1), line
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,9 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from hpc_agent import audit, rundir
 from hpc_agent.config.schema import Config
 from hpc_agent.fsutil import atomic_write_json
+from hpc_agent.job_match import JOB_NAME_PREFIX
 from hpc_agent.journal import Journal
-from hpc_agent.launcher import (JOB_NAME_PREFIX, activation_lines, fill, load_template, render_args,
-                                slurm_parameters)
+from hpc_agent.launcher import activation_lines, fill, load_template, render_args, slurm_parameters
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import parse_sacct
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hpc_agent import audit, killswitch, rundir
+from hpc_agent.config.load import write_run_config
 from hpc_agent.config.load import load_config
 from hpc_agent.filemodes import make_dir
 from hpc_agent.journal import Journal
@@ -170,7 +171,7 @@ class SweepDriver:
             run_dir = self.runs_root / run_id
             for sub in (rundir.tb_dir, rundir.checkpoints_dir, rundir.slurm_dir):
                 make_dir(sub(run_dir))
-            jobs.append(TrialJob(trial.number, run_id, run_dir, rundir.write_config(run_dir, cfg), cfg))
+            jobs.append(TrialJob(trial.number, run_id, run_dir, write_run_config(run_dir, cfg), cfg))
             # One attribute per storage write; A_INTENT goes last and marks the intent complete (adopt).
             for key, value in ((A_RUN_ID, run_id), (A_RUN_DIR, str(run_dir)), (A_BATCH, batch), (A_INDEX, index),
                                (A_SIZE, len(trials)), (A_INTENT, self.clock())):

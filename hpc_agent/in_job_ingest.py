@@ -1,0 +1,105 @@
+"""The job's own repairs, as the watcher records them: ``journal/in_job.jsonl`` -> ledger audit -> events.jsonl.
+
+The line format, and the reader that checks every field, are :mod:`hpc_agent.in_job`; the job also writes each
+repair's patch into the run's ``config.yaml`` (``launch.recovery.carry_into_config``), the file every later
+attempt of the run loads.
+
+Each valid line becomes one audit record in the ledger (so ``events.jsonl``, ``review`` and ``diagnose``
+see it) shaped like the watcher's own decision records, plus ``decided_in: "job"``, ``in_job_seq`` and
+``step``. Exactly once: the insert and the check of the highest ``in_job_seq`` already recorded for the
+run happen in one ledger transaction. They are not rows of the ``decisions`` table: that table holds one
+decision per *ended* attempt (``UNIQUE(job_id, attempt)``), which the watcher's follow-up relies on.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from hpc_agent import rundir
+from hpc_agent.in_job import ADAPT_ACTION, InJobDecision, read
+
+
+def audit_record(d: InJobDecision) -> Dict[str, Any]:
+    """The ledger audit record of one in-job decision: the watcher's decision shape, decided in the job."""
+    decision = {"action": d.action, "cause": d.cause, "reason": d.reason, "patch": dict(d.patch), "expedite": False,
+                "rollback_to_step": d.rollback_to_step, "rollback_before_step": None,
+                "needs_universal_checkpoint": "train.zero_stage" in d.patch, "free": False}
+    diff = {k: ({"from": d.before[k], "to": v} if k in d.before else {"to": v}) for k, v in d.patch.items()}
+    return {"job_id": d.job_id, "attempt": d.attempt + 1, "cause": d.cause, "action": d.action, "reason": d.reason,
+            "evidence": list(d.evidence), "decision": decision, "config_diff": diff, "decided_in": "job",
+            "in_job_seq": d.seq, "step": d.step, "budget_left": d.budget_left, "decided_at": d.at}
+
+
+def recorded_seq(journal: Any, run_id: str) -> int:
+    """The highest ``in_job_seq`` already in the run's audit trail (0: none)."""
+    return max((int(rec["in_job_seq"]) for _, _, rec in journal.audit_records(run_id)
+                if rec.get("decided_in") == "job" and isinstance(rec.get("in_job_seq"), int)), default=0)
+
+
+def record_new(journal: Any, run_id: str, decisions: List[InJobDecision]) -> List[InJobDecision]:
+    """Audit the decisions not recorded yet, in one transaction; returns them."""
+    with journal.ledger.transaction():
+        if journal.lease is not None:
+            journal.lease.check()  # another watcher took the root over: it records them
+        done = recorded_seq(journal, run_id)
+        new = sorted((d for d in decisions if d.seq > done), key=lambda d: d.seq)
+        for d in new:
+            journal.add_audit(run_id, audit_record(d))
+    return new
+
+
+class InJobIngest:
+    """The watcher's hook: each tick, for each followed run, record its new in-job decisions. One lstat per
+    run per tick; the file is read only when its size or mtime changed. Never raises."""
+
+    def __init__(self, ledger: Any, journal: Any, say: Callable[[str, str], None]):
+        self.ledger, self.journal, self.say = ledger, journal, say
+        self._dirs: Dict[str, Optional[str]] = {}
+        self._seen: Dict[str, Tuple[int, int]] = {}
+        self._said: set = set()
+
+    def tick(self, run_id: str) -> List[InJobDecision]:
+        try:
+            return self._tick(run_id)
+        except Exception as exc:  # noqa: BLE001 - the job's file must never stop the watcher
+            self._once(run_id, f"in-job journal not read: {type(exc).__name__}: {exc}")
+            return []
+
+    def _tick(self, run_id: str) -> List[InJobDecision]:
+        if run_id not in self._dirs:
+            run = self.ledger.run(run_id)
+            self._dirs[run_id] = run.run_dir if run else None
+        run_dir = self._dirs[run_id]
+        if run_dir is None:
+            return []
+        try:
+            info = os.lstat(rundir.in_job_journal_path(Path(run_dir)))
+        except FileNotFoundError:
+            return []
+        key = (info.st_size, info.st_mtime_ns)
+        if self._seen.get(run_id) == key:
+            return []
+        if not stat.S_ISREG(info.st_mode):
+            self._seen[run_id] = key
+            self._once(run_id, f"{rundir.in_job_journal_path(Path(run_dir))} is not a regular file: not read")
+            return []
+        decisions, problems = read(Path(run_dir))
+        for problem in problems:
+            self._once(run_id, f"in-job journal: skipped {problem}")
+        new = record_new(self.journal, run_id, decisions)
+        self._seen[run_id] = key
+        for d in new:
+            if d.action == ADAPT_ACTION:
+                self.say(run_id, f"job {d.job_id} attempt {d.attempt + 1} adapted its LR schedule at step {d.step}: "
+                                 f"{d.reason or d.action}")
+                continue
+            self.say(run_id, f"job {d.job_id} attempt {d.attempt + 1} repaired in the job at step {d.step}: "
+                             f"{d.cause} -> {d.reason or d.action} ({d.budget_left} in-job repair(s) left)")
+        return new
+
+    def _once(self, run_id: str, text: str) -> None:
+        if (run_id, text) not in self._said:
+            self._said.add((run_id, text))
+            self.say(run_id, text)
