@@ -2,7 +2,7 @@
 
 A requeue can start a day after the submit; by then the checkout holds other code. So submit copies the
 code the job imports into ``<run dir>/code/`` (``hpc_agent.rundir``) and the job puts that folder first on
-its path (``PYTHONPATH`` in the job script, and :func:`activate` ahead of the job's working directory).
+its path (``PYTHONPATH`` in the job script, and ``code_manifest.activate`` ahead of the job's working directory).
 Resubmissions by the watcher reuse the run's snapshot: only ``hpc_agent.submit`` takes one.
 
 What is copied:
@@ -11,16 +11,15 @@ What is copied:
   ones) or module (``pkg.py``), found with ``importlib`` *without importing it* (it may import torch).
 * ``train.command``: the folder of the first word that is an existing ``.py`` file under the submit's
   folder: its ``*.py`` files and, recursively, its package folders (those with ``__init__.py``), ``*.py``
-  only. :func:`snapshot_argv` points that word at the copy.
+  only. ``code_manifest.snapshot_argv`` points that word at the copy.
 
 Skipped: hidden files and folders, ``__pycache__``, ``*.pyc``, virtualenvs (``pyvenv.cfg``), the runs
 root, and links (never followed). Bounded (:data:`MAX_FILES`, :data:`MAX_BYTES`). ``MANIFEST.json`` records
-the source, the sha256 (:func:`digest`), the counts and, in command mode, which argv word is the script.
+the source, the sha256 (``code_manifest.digest``), the counts and, in command mode, which argv word is the script.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -28,9 +27,10 @@ import sys
 from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent import rundir
+from hpc_agent.code_manifest import digest, read_manifest
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.user_code import is_reference
 
@@ -78,14 +78,6 @@ def skip_reason(path: Path, is_dir: bool, excluded: Sequence[Path] = ()) -> Opti
     return "bytecode" if name.endswith((".pyc", ".pyo")) else None
 
 
-def digest(entries: Iterable[Tuple[str, bytes]]) -> str:
-    """sha256 over (relative path, content) pairs in path order: ``path NUL size(8 bytes) content`` each."""
-    h = hashlib.sha256()
-    for rel, data in sorted(entries, key=lambda e: e[0]):
-        h.update(rel.encode("utf-8") + b"\0" + len(data).to_bytes(8, "big") + data)
-    return h.hexdigest()
-
-
 def bounds_problem(key: str, source: Path, files: int, size: int) -> Optional[Problem]:
     if files > MAX_FILES or size > MAX_BYTES:
         return Problem(key, str(source), f"code small enough to snapshot (at most {MAX_FILES} files and "
@@ -93,15 +85,6 @@ def bounds_problem(key: str, source: Path, files: int, size: int) -> Optional[Pr
                                          f"{files} files, {size / 2**20:.1f} MB): move data out of the package, "
                                          f"or {OPT_OUT}")
     return None
-
-
-def snapshot_argv(argv: Sequence[str], manifest: Dict[str, Any], code_dir: Path) -> List[str]:
-    """``train.command`` pointed at the snapshot: the script word replaced by its copy (else unchanged)."""
-    out = [str(word) for word in argv]
-    index, script = manifest.get("argv_index"), manifest.get("script")
-    if isinstance(index, int) and script and 0 <= index < len(out):
-        out[index] = str(Path(code_dir) / script)
-    return out
 
 
 # ---- finding and walking (reads the file system, changes nothing) ---------------------------------------
@@ -239,25 +222,6 @@ def take(plan: Plan, run_dir: Path) -> Dict[str, Any]:
     return manifest
 
 
-def hash_tree(code_dir: Path) -> Tuple[str, int, int]:
-    """(sha256, files, bytes) of a snapshot folder as it is now (its manifest left out): compare with it."""
-    code_dir = Path(code_dir)
-    entries = [(str(p.relative_to(code_dir)), p.read_bytes()) for p in code_dir.rglob("*")
-               if p.is_file() and p.relative_to(code_dir) != Path(rundir.CODE_MANIFEST)]
-    return digest(entries), len(entries), sum(len(d) for _, d in entries)
-
-
-def read_manifest(run_dir: Path) -> Optional[Dict[str, Any]]:
-    """The run's snapshot manifest, or None when it has none."""
-    import json
-
-    path = rundir.code_dir(run_dir) / rundir.CODE_MANIFEST
-    if not path.exists():
-        return None
-    info = json.loads(rundir.read_bounded(path, 1 << 20))
-    return info if isinstance(info, dict) else None
-
-
 def run_json_entry(run_dir: Path) -> Optional[Dict[str, Any]]:
     """``code_snapshot`` for run.json: source, sha256, files, bytes, path (None without a snapshot)."""
     try:
@@ -278,18 +242,3 @@ def setup_lines(cfg: Any) -> List[str]:
     if not wanted(cfg):
         return []
     return [f"export PYTHONPATH={{run_dir}}/{rundir.CODE}" + "${PYTHONPATH:+:$PYTHONPATH}"]
-
-
-def activate(cfg: Any, run_dir: Path) -> Optional[Dict[str, Any]]:
-    """In the job: put the snapshot first on sys.path (ahead of the working directory, which
-    ``python -m`` puts before PYTHONPATH); the manifest, or None when the run has no snapshot."""
-    if not getattr(cfg.train, "snapshot_code", False):
-        return None
-    manifest = read_manifest(run_dir)
-    if manifest is None:
-        return None
-    code = str(rundir.code_dir(run_dir))
-    while code in sys.path:
-        sys.path.remove(code)
-    sys.path.insert(0, code)
-    return manifest

@@ -27,11 +27,12 @@ from hpc_agent.cli_common import add_common_arguments, configure
 from hpc_agent.config.load import RUNS_ENV, load_run_config, patch_as_overrides
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.schema import Config
-from hpc_agent.diagnosis.alarms import LOSS_SCALE_TAG, LOSS_TAG, Alarm, run_alarms
+from hpc_agent.diagnosis.alarms import LOSS_SCALE_TAG, LOSS_TAG, run_alarms
 from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.follow import situation_from
 from hpc_agent.job_match import run_id_from_job_name
+from hpc_agent.metrics.divergence import Alarm
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.policy import Decision, PastAttempt, Situation, decide
 from hpc_agent.rundir import LogText, find_logs, tail_log

@@ -23,12 +23,9 @@ from typing import Any, List, Optional, Sequence
 from hpc_agent import exit_status
 from hpc_agent.cli_common import add_common_arguments, configure
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError, sbatch_test_argv
-from hpc_agent.slurm.sinfo import (PARTITION_FORMAT, Partition, gpus_in_gres, gres_of,  # noqa: F401
-                                  partitions_argv, select)
-from hpc_agent.slurm.sinfo import parse_partitions as parse_sinfo  # noqa: F401 (doctor's old name)
+from hpc_agent.slurm.sinfo import Partition, gres_of, parse_partitions, partitions_argv, select
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
-SINFO_FORMAT = PARTITION_FORMAT
 
 
 @dataclass
@@ -70,7 +67,7 @@ def check_slurm(cli: SlurmCLI) -> tuple[List[Check], Optional[List[Partition]]]:
     parts: Optional[List[Partition]] = None
     try:
         out = cli.run(partitions_argv(), timeout_s=15).stdout
-        parts = parse_sinfo(out)
+        parts = parse_partitions(out)
         checks.append(Check(OK if parts else FAIL, "slurm", f"sinfo answers, {len(parts)} partition(s)"
                             if parts else "sinfo answers but lists no partitions"))
     except SlurmError as exc:

@@ -18,13 +18,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc_agent.diagnosis.causes import Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import gpu_capacity_bytes
-from hpc_agent.follow_hang import config_value as _get
-from hpc_agent.follow_hang import open_suspicion, running
+from hpc_agent.follow_hang import config_value as _get, open_suspicion, running
 # The core's values are re-exported: callers import the core and its data from one place.
-from hpc_agent.follow_model import (ADOPT, AWAIT_END, CANCEL, EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY,  # noqa: F401
-                                    RELEASE_LEASE, REQUEUE_EFFECT, RESUBMIT_EFFECT, STACKS, Effect, Exclude, Expedite,
-                                    Adopt, Cancel, Live, Notify, Observation, Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState,
-                                    Suspicion, Wants)
+from hpc_agent.follow_model import (NOT_ASKED, Effect, Exclude, Expedite,
+                                    Adopt, Cancel, Notify, Observation, Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState,
+                                    Wants)
 from hpc_agent.lifecycle import Action, Event, EventKind, Phase, transition
 from hpc_agent.policy import DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation, decide
 from hpc_agent.config.load import apply_patch
@@ -128,7 +126,7 @@ def _handed_over(state: RunState, successor: str) -> Outcome:
     """The job submitted its successor at a preemption and requeued itself held (hpc_agent/handback.py):
     follow the successor from now on, and cancel the held job (it never starts by itself). Checked before
     the attempt's end is judged: the held job must not be expedited, nor its cancel read as a person's."""
-    phase, _ = transition(state.phase, Event(EventKind.HANDED_OVER, state.job_id))
+    phase = transition(state.phase, Event(EventKind.HANDED_OVER, state.job_id))
     reason = (f"job {state.job_id} handed over to job {successor} at its preemption (checkpoint saved, successor "
               f"queued, job {state.job_id} requeued held): following job {successor}, cancelling held job {state.job_id}")
     record = {"job_id": state.job_id, "action": "handed_over", "cause": "preempted", "reason": reason,
@@ -138,7 +136,7 @@ def _handed_over(state: RunState, successor: str) -> Outcome:
 
 
 def _to(state: RunState, event: Event) -> Outcome:
-    phase, _ = transition(state.phase, event)
+    phase = transition(state.phase, event)
     return Outcome(phase)
 
 
@@ -148,7 +146,7 @@ def _unfollowable(state: RunState, files: Optional[RunFiles]) -> Optional[Outcom
     if not files.problems and files.config is not None:
         return None
     reasons = list(files.problems) or ["the run's config.yaml could not be read"]
-    phase, _ = transition(state.phase, Event(EventKind.UNFOLLOWABLE, state.job_id))
+    phase = transition(state.phase, Event(EventKind.UNFOLLOWABLE, state.job_id))
     reason = "; ".join(reasons)
     return Outcome(phase, (Notify(f"needs attention: {reason}"),),
                    audit=({"job_id": state.job_id, "action": "needs_attention", "reason": reason,
@@ -227,7 +225,7 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
         decision = Decision(DONE, "completed", f"the final checkpoint (step {steps[-1]}) is complete; the job "
                                                f"ended {latest.state} after it ({latest.cause.value})")
     if decision.action == DONE:
-        phase, _ = transition(state.phase, Event(EventKind.COMPLETED, state.job_id))
+        phase = transition(state.phase, Event(EventKind.COMPLETED, state.job_id))
         text = f"job {state.job_id} completed" + ("" if latest.cause == Cause.COMPLETED else f": {decision.reason}")
         return Outcome(phase, audit=({"job_id": state.job_id, "cause": "completed", "action": "done",
                                       "reason": decision.reason},), lines=(text,))
@@ -245,7 +243,7 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
     if decision.action == RESUBMIT and obs.placement == NOT_ASKED and latest.cause in PLACEMENT_CAUSES \
             and cfg.placement.mode == "auto":
         return Outcome(state.phase, ask_placement={k: v for k, v in decision.patch.items() if k.startswith("slurm.")})
-    phase, _ = transition(state.phase, Event(EventKind.ENDED, state.job_id, _ACTIONS[decision.action]))
+    phase = transition(state.phase, Event(EventKind.ENDED, state.job_id, _ACTIONS[decision.action]))
     lines = [f"job {state.job_id} attempt {latest.attempt_index + 1}: {latest.cause.value} -> "
              f"{decision.action}: {decision.reason}"] + [f"    evidence: {line}" for line in latest.evidence[:4]]
     if decision.placement:

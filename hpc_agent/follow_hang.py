@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.diagnosis.causes import Cause
 from hpc_agent.diagnosis.hang import StackGroups, group_stacks, main_thread
-from hpc_agent.follow_model import (AwaitEnd, Cancel, Live, Notify, Observation, Outcome, ReleaseLease,
-                                    RequestStacks, Resubmit, RunState, Suspicion)
+from hpc_agent.follow_model import (AwaitEnd, Cancel, Live, Notify, Observation, Outcome, ReleaseLease, RequestStacks,
+                                    Resubmit, RunState, Suspicion)
 from hpc_agent.lifecycle import Action, Event, EventKind, transition
 from hpc_agent.policy import RESUBMIT, STOP, PolicyLimits, Situation, decide
 from hpc_agent.slurm.hostlist import expand_hostlist
@@ -130,7 +130,7 @@ def _decide(state: RunState, latest: Attempt, index: int, obs: Observation, live
     action = Action.RESUBMIT if decision.action == RESUBMIT else Action.STOP
     if decision.action not in (RESUBMIT, STOP):  # e.g. a requeue proposal cannot come from _hung; be explicit
         action = Action.STOP
-    phase, _ = transition(state.phase, Event(EventKind.ENDED, state.job_id, action))
+    phase = transition(state.phase, Event(EventKind.ENDED, state.job_id, action))
     proof = evidence(verdict, live, groups, stacks, files.logs)
     saved = {**decision.to_dict(), "hang": {"step": verdict.step, "signature": hang[1], "kind": verdict.kind,
                                             "top_frame": groups.top_frame, "ranks": list(verdict.ranks),

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from hpc_agent.config.schema import Config
-from hpc_agent.diagnosis.alarms import Alarm
 from hpc_agent.lifecycle import Phase
+from hpc_agent.metrics.divergence import Alarm
 from hpc_agent.policy import PastAttempt
 from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import Attempt

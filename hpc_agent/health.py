@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 # Exit status of a job whose health check found a CRITICAL GPU (the exit-code table's entry -> gpu_hw_error).
-from hpc_agent.diagnosis.exit_codes import EXIT_GPU_HEALTH_CRITICAL as EXIT_GPU_CRITICAL  # noqa: F401
 
 OK, WARN, CRITICAL, NO_GPU = "OK", "WARN", "CRITICAL", "NO_GPU"
 _RANK = {OK: 0, WARN: 1, CRITICAL: 2, NO_GPU: 3}

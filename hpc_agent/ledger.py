@@ -7,19 +7,19 @@ id carried in the job name, instead of guessing (and never submits twice).
 """
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-import json
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from hpc_agent.ledger_schema import SCHEMA
 
 if TYPE_CHECKING:
-    from hpc_agent.lifecycle import Effect, Event, Phase
+    from hpc_agent.lifecycle import Event, Phase
 
 
 LEDGER_FILE = "ledger.sqlite"
@@ -171,19 +171,19 @@ class Ledger:
                               (phase, self.clock(), run_id, expected))
         return cur.rowcount == 1
 
-    def advance(self, run_id: str, event: "Event") -> "Tuple[Phase, Tuple[Effect, ...]]":
-        """Move a run along the lifecycle: its current phase plus ``event`` -> the next phase (written) and
-        the effects the caller must carry out. Raises ``InvalidTransition`` for an edge that does not exist."""
+    def advance(self, run_id: str, event: "Event") -> "Phase":
+        """Move a run along the lifecycle: its current phase plus ``event`` -> the next phase, written and
+        returned. Raises ``InvalidTransition`` for an edge that does not exist."""
         from hpc_agent.lifecycle import Phase, transition
 
         run = self.run(run_id)
         if run is None:
             raise KeyError(f"no run {run_id!r} in {self.path}")
         phase = Phase(run.phase)
-        new_phase, effects = transition(phase, event)
+        new_phase = transition(phase, event)
         if new_phase is not phase:
             self.set_phase(run_id, new_phase.value)
-        return new_phase, effects
+        return new_phase
 
     def latest_submission(self, run_id: str) -> Optional[Submission]:
         subs = self.submissions(run_id)

@@ -1,9 +1,10 @@
-"""One state machine for a run's life: ``transition(phase, event) -> (phase, effects)``.
+"""One state machine for a run's life: ``transition(phase, event) -> phase``.
 
-Pure: no I/O, no clock. The watcher feeds it events it derived from the ledger and one batched sacct
-call, then carries out the effects it returns (submit, requeue, expedite, record, stop). Every edge is
-listed in ``EDGES``; an event that has no edge from the current phase is a bug in the caller and
-raises :class:`InvalidTransition` instead of being silently ignored.
+Pure: no I/O, no clock. Every phase change of a run goes through :func:`transition` (``Ledger.advance``, and
+the watcher's pure core, ``hpc_agent.follow``, for the phase it journals). Every edge is listed in ``EDGES``;
+an event that has no edge from the current phase is a bug in the caller and raises :class:`InvalidTransition`
+instead of being silently ignored. What to *do* on an edge (requeue, expedite, resubmit, notify) is the
+follow core's decision: its effects (``hpc_agent.follow_model.Effect``) are the only effects there are.
 
     submitting --submitted/found--> pending --started--> running --completed--> completed
         |                             |  ^                  |
@@ -66,22 +67,6 @@ class Event:
     detail: Dict[str, object] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Effect:
-    """Something the imperative shell must do. ``name`` is one of the EFFECT_* constants."""
-
-    name: str
-    job_id: Optional[str] = None
-    detail: Dict[str, object] = field(default_factory=dict)
-
-
-EFFECT_SUBMIT = "submit"        # run sbatch (the intent is already in the ledger)
-EFFECT_REQUEUE = "requeue"      # scontrol requeue (if Slurm has not) + scontrol update StartTime=now
-EFFECT_RESUBMIT = "resubmit"    # record a new intent with the patched config, then sbatch it
-EFFECT_RECORD = "record"        # write the decision to the ledger and events.jsonl
-EFFECT_NOTIFY = "notify"        # tell the user (stopped or completed)
-
-
 class InvalidTransition(ValueError):
     pass
 
@@ -127,33 +112,10 @@ EDGES[(Phase.NEEDS_ATTENTION, EventKind.UNFOLLOWABLE, None)] = Phase.NEEDS_ATTEN
 EDGES[(Phase.NEEDS_ATTENTION, EventKind.CANCELLED, None)] = Phase.STOPPED  # e.g. a parked sweep trial pruned
 
 
-def _effects(phase: Phase, event: Event, new_phase: Phase) -> Tuple[Effect, ...]:
-    """What to do on this edge. Decisions are always recorded before they are carried out."""
-    if event.kind is EventKind.NOT_FOUND:
-        # The crash happened between the intent and sbatch: Slurm never saw the job, so submitting now
-        # cannot duplicate it.
-        return (Effect(EFFECT_SUBMIT, detail=dict(event.detail)),)
-    if event.kind is EventKind.ENDED:
-        record = Effect(EFFECT_RECORD, event.job_id, {"action": event.action.value, **event.detail})
-        if event.action is Action.REQUEUE:
-            return (record, Effect(EFFECT_REQUEUE, event.job_id, dict(event.detail)))
-        if event.action is Action.RESUBMIT:
-            return (record, Effect(EFFECT_RESUBMIT, event.job_id, dict(event.detail)))
-        return (record, Effect(EFFECT_NOTIFY, event.job_id, {"phase": new_phase.value, **event.detail}))
-    if event.kind is EventKind.ACTION_FAILED:
-        return (Effect(EFFECT_RECORD, event.job_id, {"action": "retry_later", **event.detail}),)
-    if event.kind is EventKind.UNFOLLOWABLE and phase is not Phase.NEEDS_ATTENTION:
-        return (Effect(EFFECT_NOTIFY, event.job_id, {"phase": new_phase.value, **event.detail}),)
-    if new_phase in TERMINAL and phase not in TERMINAL:
-        return (Effect(EFFECT_NOTIFY, event.job_id, {"phase": new_phase.value, **event.detail}),)
-    return ()
-
-
-def transition(phase: Phase, event: Event) -> Tuple[Phase, Tuple[Effect, ...]]:
-    """The next phase and the effects to carry out, or :class:`InvalidTransition`."""
+def transition(phase: Phase, event: Event) -> Phase:
+    """The next phase, or :class:`InvalidTransition`."""
     key = (phase, event.kind, event.action if event.kind is EventKind.ENDED else None)
     if key not in EDGES:
         raise InvalidTransition(f"no edge from {phase.value} on {event.kind.value}"
                                 + (f" ({event.action.value})" if event.action else ""))
-    new_phase = EDGES[key]
-    return new_phase, _effects(phase, event, new_phase)
+    return EDGES[key]

@@ -45,9 +45,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from hpc_agent.config.schema import REDUCE_BUCKET_SIZE
+
 GPT_VOCAB = 256
 ZERO3_SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's default stage3 sub_group_size
-REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size (elements)
 
 
 @dataclass(frozen=True)

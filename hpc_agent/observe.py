@@ -20,7 +20,8 @@ from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.diagnosis.alarms import run_alarms
 from hpc_agent.diagnosis.hang import judge
-from hpc_agent.follow import Live, RunFiles, RunState, history_from
+from hpc_agent.follow import history_from
+from hpc_agent.follow_model import Live, RunFiles, RunState
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.slurm.attempt_cache import AttemptCache
 from hpc_agent.slurm.cli import SlurmError

@@ -13,10 +13,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.memory import GPU_HEADROOM
 # gres parsing has one home, hpc_agent.slurm.sinfo; these names stay importable from here.
-from hpc_agent.slurm.sinfo import GRES_FORMAT, KNOWN_GPU_GIB, gpu_gib_from_gres, partition_gres  # noqa: F401
+from hpc_agent.slurm.sinfo import GRES_FORMAT, gpu_gib_from_gres
 
 GIB = 2**30
-HEADROOM = GPU_HEADROOM
 
 OK, WARN, REFUSE, SKIP = "ok", "warn", "refuse", "skip"
 
@@ -49,7 +48,7 @@ def gpu_capacity(cfg: Any, gres: str) -> Tuple[Optional[int], str]:
 
 def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "", offload_allowed: bool = True) -> MemoryVerdict:
     """Compare the estimate with one GPU's memory; see the module docstring. A refusal's fix is the first
-    patch on THE OOM ladder (:func:`hpc_agent.memory.ladder_fit`) that fits ``HEADROOM`` of the GPU: the
+    patch on THE OOM ladder (:func:`hpc_agent.memory.ladder_fit`) that fits ``GPU_HEADROOM`` of the GPU: the
     same patch the watcher would propose if the job ran out of memory there (``offload_allowed=False``:
     host memory is short too, as after a host OOM)."""
     from hpc_agent.memory import estimate_from_config, format_bytes, ladder_fit
@@ -73,12 +72,12 @@ def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "", offload_
         return MemoryVerdict(SKIP, f"memory estimate {format_bytes(need)} per GPU; the GPU's memory is unknown "
                                    "(set slurm.gpu_memory_gib to compare)")
     where = f"{capacity / GIB:.1f} GiB per GPU (from {source})" if source else f"{capacity / GIB:.1f} GiB per GPU"
-    if need <= capacity * HEADROOM:
+    if need <= capacity * GPU_HEADROOM:
         return MemoryVerdict(OK, f"memory estimate {format_bytes(need)} fits in {where}")
     if need <= capacity:
-        return MemoryVerdict(WARN, f"memory estimate {format_bytes(need)} is within {1 - HEADROOM:.0%} of {where}: "
+        return MemoryVerdict(WARN, f"memory estimate {format_bytes(need)} is within {1 - GPU_HEADROOM:.0%} of {where}: "
                                    "the CUDA context and fragmentation may not fit")
-    fit = ladder_fit(cfg, capacity * HEADROOM, offload_allowed=offload_allowed)
+    fit = ladder_fit(cfg, capacity * GPU_HEADROOM, offload_allowed=offload_allowed)
     if fit is None:
         return MemoryVerdict(REFUSE, f"memory estimate {format_bytes(need)} does not fit in {where}, and no rung "
                                      "of the OOM ladder (micro-batch, activation checkpointing, ZeRO stage, offload) "

@@ -22,8 +22,7 @@ from hpc_agent.cli_common import add_common_arguments, parse
 from hpc_agent.review_live import describe
 from hpc_agent.review_plot import plot_runs
 # The data half lives in runreview (the chaos driver reads it too); these names stay importable from here.
-from hpc_agent.runreview import (LIVE_PHASES, LOSS, LR, PLOT_TAGS, SAMPLES, STEP_TIME, Scalars, attempt_of,  # noqa: F401
-                                 find_runs, read_events, review_run)
+from hpc_agent.runreview import (find_runs, review_run)
 
 EXIT_OK, EXIT_USAGE = exit_status.OK, exit_status.USAGE
 

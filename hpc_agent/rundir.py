@@ -32,12 +32,13 @@ What hpc_agent writes here is created ``0600``/``0700`` (see ``hpc_agent.filemod
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from hpc_agent import heartbeat
 
@@ -247,6 +248,33 @@ def tail_log(path: Path, max_bytes: int) -> LogText:
     """The last ``max_bytes`` of a log as a :class:`LogText` that knows whether it is cut."""
     text, cut = read_tail(path, max_bytes)
     return LogText(Path(path).name, text, truncated=cut)
+
+
+# --- run.json ----------------------------------------------------------------------------------------
+def submit_workdir(run_dir: Path) -> str:
+    """Where a command-mode job runs its command, and a container job's working directory: the directory the
+    first submit ran in, kept in ``run.json``
+    (its one home: the watcher resubmits from wherever it runs); this directory before the first submit."""
+    try:
+        recorded = read_run_json(run_dir).get(WORKDIR)
+    except (OSError, ValueError):
+        recorded = None
+    return recorded if isinstance(recorded, str) and recorded else os.getcwd()
+
+
+WORKDIR = "workdir"
+"""run.json's key for the directory the first submit ran in (:func:`submit_workdir`)."""
+
+
+def read_run_json(run_dir: Path) -> Dict[str, Any]:
+    """``run.json`` as a dict ({} if absent). The job can write its run dir, so: bounded, regular file only."""
+    path = run_json_path(run_dir)
+    if not path.exists() and not path.is_symlink():
+        return {}
+    info = json.loads(read_bounded(path, JSON_MAX_BYTES))
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} holds {type(info).__name__}, not an object")
+    return info
 
 
 # --- what the live job says about itself ----------------------------------------------------------------

@@ -28,11 +28,11 @@ from typing import Callable, Optional
 from hpc_agent.filemodes import make_dir
 from hpc_agent.fsutil import pid_alive
 # The rules and file primitives are re-exported: launch/lease.py and the tests take the whole lease from here.
-from hpc_agent.lease_rules import (DEFAULT_HEARTBEAT_S, ENV_HEARTBEAT_S, ENV_STALE_S, LOCAL_PREFIX,  # noqa: F401
-                                   MIN_STALE_S, REFUSE, TAKE, TAKEOVER, UNKNOWN_JOB, WAIT, Holder,
-                                   LeaseWaitCancelled, RunDirBusy, Verdict, judge, job_identity, me_from_env,
+from hpc_agent.lease_rules import (LOCAL_PREFIX,
+                                   REFUSE, TAKE, TAKEOVER, UNKNOWN_JOB, WAIT, Holder,
+                                   LeaseWaitCancelled, RunDirBusy, Verdict, judge, me_from_env,
                                    settings_from_env, stale_after_s)
-from hpc_agent.nfs_files import (NO_LINK_ERRNOS, NO_LOCK_ERRNOS, DirectoryLock, move_aside_if_matching,  # noqa: F401
+from hpc_agent.nfs_files import (DirectoryLock, move_aside_if_matching,
                                  publish_exclusive)
 
 LEASE_MAX_BYTES = 64 << 10

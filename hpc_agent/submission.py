@@ -7,12 +7,11 @@ whether the intent reached it (``reconcile``) instead of guessing.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import signal
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import List
 
 from hpc_agent import rundir
 from hpc_agent.config.schema import Config
@@ -22,6 +21,7 @@ from hpc_agent.job_match import job_name_for
 from hpc_agent.launcher import make_executor
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import Event, EventKind
+from hpc_agent.rundir import WORKDIR, read_run_json, submit_workdir
 
 CRASH_ENV = "HPC_AGENT_CRASH_AT"  # tests only: SIGKILL ourselves at a named point (after_intent, after_submit)
 
@@ -98,37 +98,22 @@ def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, conf
 
 
 def job_for(run_dir: Path, cfg: Config, config_path: Path):
-    """What each task runs: ``CommandJob`` for ``train.command`` (the user's script), else ``TrainingJob``."""
-    from hpc_agent.job import CommandJob, TrainingJob
+    """What each task runs: ``CommandJob`` for ``train.command`` (the user's script), else ``TrainingJob``.
+
+    This module is the one place on the login side that imports the job side (``hpc_agent/job.py``, which runs
+    ``launch``): here, where the callable is handed to submitit, and never at module level."""
+    from hpc_agent.job import CommandJob
 
     if cfg.train.command:
         return CommandJob(run_dir, config_path, submit_workdir(run_dir))
+    return training_job(run_dir, config_path)
+
+
+def training_job(run_dir: Path, config_path: Path):
+    """The built-in trainer's callable for one run (what a sweep's array tasks run too)."""
+    from hpc_agent.job import TrainingJob
+
     return TrainingJob(run_dir, config_path)
-
-
-def submit_workdir(run_dir: Path) -> str:
-    """Where a command-mode job runs its command, and a container job's working directory: the directory the
-    first submit ran in, kept in ``run.json``
-    (its one home: the watcher resubmits from wherever it runs); this directory before the first submit."""
-    try:
-        recorded = read_run_json(run_dir).get(WORKDIR)
-    except (OSError, ValueError):
-        recorded = None
-    return recorded if isinstance(recorded, str) and recorded else os.getcwd()
-
-
-WORKDIR = "workdir"
-
-
-def read_run_json(run_dir: Path) -> Dict[str, Any]:
-    """``run.json`` as a dict ({} if absent). The job can write its run dir, so: bounded, regular file only."""
-    path = rundir.run_json_path(run_dir)
-    if not path.exists() and not path.is_symlink():
-        return {}
-    info = json.loads(rundir.read_bounded(path, rundir.JSON_MAX_BYTES))
-    if not isinstance(info, dict):
-        raise ValueError(f"{path} holds {type(info).__name__}, not an object")
-    return info
 
 
 def update_run_json(run_dir: Path, run_id: str, kind: str, job_id: str, config_path: Path, cfg: Config) -> None:

@@ -21,10 +21,10 @@ from hpc_agent.config.load import load_config, resolve_config_path, to_yaml, wri
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.job_match import job_name_for
 from hpc_agent.launcher import EXECUTORS, local_parameters, make_run_id, render_job_script
-from hpc_agent.preflight import (REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, partition_gres, render,
-                                 sinfo_argv)
+from hpc_agent.preflight import REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, render, sinfo_argv
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.sacct import job_state, parse_parsable2
+from hpc_agent.slurm.sinfo import partition_gres
 
 EXIT_CONFIG = exit_status.USAGE
 EXIT_SUBMIT_FAILED = exit_status.SLURM  # sbatch refused or timed out

@@ -19,8 +19,8 @@ from hpc_agent import effects, killswitch, observe
 from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.profile import sacct_json_quirk
-from hpc_agent.follow import (NOT_ASKED, RUNNING_STATES, Live, Observation, Outcome, RunState, Suspicion, Wants,
-                              follow, wants)
+from hpc_agent.follow import RUNNING_STATES, follow, wants
+from hpc_agent.follow_model import NOT_ASKED, Live, Observation, Outcome, RunState, Suspicion, Wants
 from hpc_agent.handback import handing_back, read_successor
 from hpc_agent.in_job_ingest import InJobIngest
 from hpc_agent.job_match import Claim, own_attempts
@@ -206,7 +206,7 @@ class Watcher:
         current = Phase(self.ledger.run(run.run_id).phase)
         if current not in FOLLOWED:
             return
-        phase, _ = transition(current, Event(EventKind.UNFOLLOWABLE, job_id))
+        phase = transition(current, Event(EventKind.UNFOLLOWABLE, job_id))
         if not self.dry_run:
             commit_or_skip(self.journal, run.run_id, current.value, Outcome(
                 phase, audit=({"job_id": job_id, "action": "needs_attention", "reason": reason},)))

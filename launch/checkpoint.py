@@ -26,9 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # The format's rules (markers, which checkpoint a resume may use, retention) are shared with the
 # login-node side, which must not import this torch-side package: they live in hpc_agent.checkpoints.
-from hpc_agent.checkpoints import (MARKER, MARKER_VERSION, Candidate, Selection, files_of, is_snapshot,  # noqa: F401
-                                   problem, read_candidate, retention, scan, select, snap_tag_for, step_of,
-                                   tag_for)
+from hpc_agent.checkpoints import (MARKER, MARKER_VERSION, files_of, retention, scan, tag_for)
 from hpc_agent.filemodes import dir_mode, file_mode_in, group_of, make_dir, set_mode
 from hpc_agent.fsutil import atomic_write_json
 

@@ -146,14 +146,14 @@ def build_launch(cfg: Any, run_dir: Path, config_path: Path, denv: Any, *, on_cu
 def command_argv(cfg: Any, run_dir: Path) -> Tuple[List[str], Optional[Path]]:
     """The command as it runs, and the snapshot folder: the script word pointed at the copy of the code taken
     at submit (``hpc_agent.code_snapshot``, ``train.snapshot_code``), else the command as configured."""
-    from hpc_agent import code_snapshot
+    from hpc_agent.code_manifest import read_manifest, snapshot_argv
 
     argv = [str(w) for w in cfg.train.command]
-    manifest = code_snapshot.read_manifest(Path(run_dir)) if cfg.train.snapshot_code else None
+    manifest = read_manifest(Path(run_dir)) if cfg.train.snapshot_code else None
     if manifest is None:
         return argv, None
     code_dir = rundir.code_dir(Path(run_dir))
-    return code_snapshot.snapshot_argv(argv, manifest, code_dir), code_dir
+    return snapshot_argv(argv, manifest, code_dir), code_dir
 
 
 def prepare(run_dir: str, config_path: str, workdir: Optional[str],

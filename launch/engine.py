@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from hpc_agent import rundir
+from hpc_agent.checkpoints import tag_for
+from hpc_agent.metrics.tb_reader import TB_FLUSH_EVERY_S
 from launch import checkpoint, exitcodes, heartbeat, resume, universal
 from launch.adaptive_loop import AdaptiveHolder, adapt
 from launch.chaos_trigger import RuntimeTrigger
@@ -29,7 +31,7 @@ from launch.rng import rng_state, seed as seed_rng
 from launch.schedule import lr_factor
 from launch.signals import StopRequest, signal_name
 from launch.snapshot import Snapshots
-from launch.tblog import FLUSH_EVERY_S, TBLog, attempt_number, peak_memory_bytes
+from launch.tblog import TBLog, attempt_number, peak_memory_bytes
 
 
 def say(text: str, flush: bool = True) -> None:
@@ -114,7 +116,7 @@ class Trainer:
         code = self._build()
         if code != exitcodes.OK or self.step >= self.t.max_steps:
             return code  # train() says so; no event file for an attempt that trains nothing
-        self.tb = TBLog(self.run_dir, self.rank, self.step, self.config_text, flush_every_s=FLUSH_EVERY_S)
+        self.tb = TBLog(self.run_dir, self.rank, self.step, self.config_text, flush_every_s=TB_FLUSH_EVERY_S)
         if self.rank == 0:
             say(f"attempt {self.tb.attempt}: training steps {self.step + 1}..{self.t.max_steps}, global batch "
                 f"{self.G} = {self.t.micro_batch_size} x {self.t.grad_accum_steps} x {self.world} ranks, "
@@ -351,10 +353,10 @@ class Trainer:
         if self.step == 0:
             what = "nothing trained yet: no checkpoint"
         elif self.saved_step == self.step:
-            what = f"checkpoint {checkpoint.tag_for(self.step)} already complete"
+            what = f"checkpoint {tag_for(self.step)} already complete"
         else:
             self._save()
-            what = f"checkpoint {checkpoint.tag_for(self.step)} complete"
+            what = f"checkpoint {tag_for(self.step)} complete"
         if self.rank == 0:
             say(f"signal {name} at step {self.step}: {what} in {time.perf_counter() - started:.1f}s; "
                 f"exiting {exitcodes.PREEMPTED}")

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
+from hpc_agent.lease_rules import TAKEOVER, LeaseWaitCancelled, RunDirBusy
 from hpc_agent.rundir import lease_path
-from hpc_agent.runlease import TAKEOVER, LeaseWaitCancelled, RunDirBusy, RunLease
+from hpc_agent.runlease import RunLease
 from launch import exitcodes
 from launch.signals import StopRequest
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from launch import checkpoint, exitcodes, universal
+from hpc_agent.checkpoints import scan, select
+from launch import exitcodes, universal
 from launch.recovery import adopt_configured_lr
 from launch.rng import seed as seed_rng, set_rng_state
 
@@ -32,7 +33,7 @@ def choose(ckpt_root: Path, rank: int, broadcast_object: Callable[[Any], Any],
     """The newest usable checkpoint's name and saved layout, as rank 0 chose it (None: start fresh)."""
     found = None
     if rank == 0:
-        selection = checkpoint.select(checkpoint.scan(ckpt_root))
+        selection = select(scan(ckpt_root))
         for line in selection.lines():
             say(line)
         if selection.chosen is not None:

@@ -37,10 +37,8 @@ from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from hpc_agent import rundir
 from hpc_agent.filemodes import make_dir, open_created
+from hpc_agent.metrics.tb_reader import EVENT_GLOB
 
-EVENT_GLOB = "events.out.tfevents.*"
-FLUSH_EVERY_S = 2.0
-"""The built-in trainer's flush interval (seconds): a bound on how late the event file shows a step."""
 _FILE_NUMBER = itertools.count()  # event files this process opened: part of each one's name
 
 

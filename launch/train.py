@@ -72,7 +72,7 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
 
     import torch
 
-    from hpc_agent.code_snapshot import activate
+    from hpc_agent.code_manifest import activate
     from launch import distributed
     from launch.dsconfig import PrecisionUnavailable, resolve_precision
 

@@ -5,13 +5,12 @@ import re
 
 import pytest
 
+from helpers.common import TINY, expect, losses, merge, run, snapshot, tb_scalars
 from hpc_agent import in_job
 from hpc_agent.adaptive import decide
+from hpc_agent.checkpoints import tag_for
 from hpc_agent.config.load import build_config
-from launch.checkpoint import tag_for
 from launch.schedule import lr_factor, lr_factor_adaptive, lr_factor_unscaled
-
-from helpers.common import TINY, expect, losses, merge, run, snapshot, tb_scalars
 
 STEPS, WARMUP, LR = 16, 2, 1e-3
 

@@ -363,7 +363,7 @@ def test_trigger_host_oom_allocates_on_rank0_only(tmp_path, monkeypatch):
 def test_kill_during_save_stalls_before_the_marker(tmp_path):
     """The save reaches the hook after every shard and before COMPLETE.json; a kill there leaves a
     checkpoint that the resume skips."""
-    from launch.checkpoint import MARKER, scan, select, tag_for
+    from hpc_agent.checkpoints import MARKER, scan, select, tag_for
     from launch.checkpoint import save
     from tests.test_checkpoint import FakeEngine
 
@@ -499,7 +499,7 @@ def test_the_summary_reads_tensorboard_one_flush_after_the_window_and_counts_ste
     the steps that ended by the window's end."""
     from hpc_agent.chaos import driver as chaos_driver
     from hpc_agent.chaos.driver import FLUSH_MARGIN_S, ChaosDriver
-    from launch.tblog import FLUSH_EVERY_S
+    from hpc_agent.metrics.tb_reader import TB_FLUSH_EVERY_S
 
     clock = [1000.0]
     monkeypatch.setattr(chaos_driver.time, "time", lambda: clock[0])
@@ -510,9 +510,9 @@ def test_the_summary_reads_tensorboard_one_flush_after_the_window_and_counts_ste
     read = []
     monkeypatch.setattr(chaos, "_summary", lambda t, end: read.append((clock[0], end)) or end)
     assert chaos._summaries() == [1000.0]
-    assert read == [(1000.0 + FLUSH_EVERY_S + FLUSH_MARGIN_S, 1000.0)]
+    assert read == [(1000.0 + TB_FLUSH_EVERY_S + FLUSH_MARGIN_S, 1000.0)]
 
     target.done_at = 990.0  # finished: its last events were flushed as it closed, nothing to wait for
     read.clear()
-    assert chaos._summaries() == [1000.0 + FLUSH_EVERY_S + FLUSH_MARGIN_S]
-    assert read == [(1000.0 + FLUSH_EVERY_S + FLUSH_MARGIN_S, 1000.0 + FLUSH_EVERY_S + FLUSH_MARGIN_S)]
+    assert chaos._summaries() == [1000.0 + TB_FLUSH_EVERY_S + FLUSH_MARGIN_S]
+    assert read == [(1000.0 + TB_FLUSH_EVERY_S + FLUSH_MARGIN_S, 1000.0 + TB_FLUSH_EVERY_S + FLUSH_MARGIN_S)]

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from launch.checkpoint import (MARKER, Candidate, apply_retention, owned_by, problem, retention, scan, select,
-                               step_of, tag_for)
+from hpc_agent.checkpoints import MARKER, Candidate, problem, retention, scan, select, step_of, tag_for
+from launch.checkpoint import apply_retention, owned_by
 
 FILES = {"mp_rank_00_model_states.pt": 100, "zero_pp_rank_0_mp_rank_00_optim_states.pt": 50}
 

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.diagnosis.alarms import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm, alarms_from_scalars, latest_run
+from hpc_agent.diagnosis.alarms import alarms_from_scalars, latest_run
 from hpc_agent.diagnosis.causes import ADVICE, ALL_CAUSES, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import choose_root, classify_attempt, classify_job, logs_per_attempt
 from hpc_agent.diagnosis.exit_codes import EXIT_CODES, as_table, cause_for_exit
 from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, host_by_rank, parse_timestamp, scan_log,
                                          since_last_repair, split_attempts, split_by_time)
+from hpc_agent.metrics.divergence import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm
 from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import attempts_of, parse_sacct
 

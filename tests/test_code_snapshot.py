@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpc_agent import code_snapshot as cs
+from hpc_agent.code_manifest import activate, digest, hash_tree, snapshot_argv
 from hpc_agent.config.load import build_config, load_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.launcher import render_job_script
@@ -29,12 +30,12 @@ def _tree(root: Path, files: dict) -> Path:
 # ---- pure rules ----------------------------------------------------------------------------------------
 def test_digest_depends_on_paths_and_contents_not_on_order():
     a = [("p/a.py", b"x = 1\n"), ("p/b.py", b"y = 2\n")]
-    assert cs.digest(a) == cs.digest(list(reversed(a)))
-    assert cs.digest(a) != cs.digest([("p/a.py", b"x = 2\n"), ("p/b.py", b"y = 2\n")])
-    assert cs.digest(a) != cs.digest([("p/c.py", b"x = 1\n"), ("p/b.py", b"y = 2\n")])
+    assert digest(a) == digest(list(reversed(a)))
+    assert digest(a) != digest([("p/a.py", b"x = 2\n"), ("p/b.py", b"y = 2\n")])
+    assert digest(a) != digest([("p/c.py", b"x = 1\n"), ("p/b.py", b"y = 2\n")])
     # the path/content boundary is unambiguous: moving bytes from one to the other changes the hash
-    assert cs.digest([("ab", b"c")]) != cs.digest([("a", b"bc")])
-    assert cs.digest([]) == hashlib.sha256(b"").hexdigest()
+    assert digest([("ab", b"c")]) != digest([("a", b"bc")])
+    assert digest([]) == hashlib.sha256(b"").hexdigest()
 
 
 @pytest.mark.parametrize("rel,is_dir,why", [
@@ -65,7 +66,7 @@ def test_wanted(workload, command, snapshot, wanted):
     (["python", "a.py"], {"argv_index": 7, "script": "a.py"}, ["python", "a.py"]),  # out of range: unchanged
 ])
 def test_snapshot_argv(argv, manifest, expected):
-    assert cs.snapshot_argv(argv, manifest, Path("/run/code")) == expected
+    assert snapshot_argv(argv, manifest, Path("/run/code")) == expected
 
 
 def test_script_index_takes_the_first_existing_py_under_cwd(tmp_path):
@@ -152,7 +153,7 @@ def test_take_writes_code_and_manifest_and_the_hash_matches(tmp_path):
     assert (code / "doc_cs6" / "model.py").read_text() == (tmp_path / "src/doc_cs6/model.py").read_text()
     on_disk = json.loads((code / "MANIFEST.json").read_text())
     assert on_disk == manifest and manifest["files"] == 2 and manifest["path"] == str(code)
-    assert cs.hash_tree(code) == (manifest["sha256"], manifest["files"], manifest["bytes"])
+    assert hash_tree(code) == (manifest["sha256"], manifest["files"], manifest["bytes"])
     assert cs.run_json_entry(run_dir) == {k: manifest[k] for k in ("source", "sha256", "files", "bytes", "path")}
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".code")]  # built aside, renamed into place
     with pytest.raises(OSError):  # never over an existing snapshot
@@ -166,11 +167,11 @@ def test_activate_puts_the_snapshot_first(tmp_path, monkeypatch):
     cs.take(cs.workload_plan("doc_cs7.model:build", tmp_path / "src"), run_dir)
     monkeypatch.setattr(sys, "path", ["", *sys.path])
     cfg = build_config([{"train": {"workload": "doc_cs7.model:build"}}])
-    assert cs.activate(cfg, run_dir)["files"] == 2
+    assert activate(cfg, run_dir)["files"] == 2
     assert sys.path[0] == str(run_dir / "code")
     off = build_config([{"train": {"workload": "doc_cs7.model:build", "snapshot_code": False}}])
-    assert cs.activate(off, run_dir) is None
-    assert cs.activate(cfg, tmp_path / "no-run") is None
+    assert activate(off, run_dir) is None
+    assert activate(cfg, tmp_path / "no-run") is None
 
 
 def test_job_script_exports_the_snapshot_quoted_once(tmp_path):

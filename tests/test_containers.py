@@ -271,7 +271,7 @@ def test_a_resubmission_keeps_the_first_submits_workdir(tmp_path, monkeypatch, f
     """The watcher resubmits from wherever it runs: pyxis' workdir and mount are the directory recorded in
     run.json by the first submit, not the resubmitting process's."""
     from hpc_agent.fsutil import atomic_write_json
-    from hpc_agent.submission import WORKDIR
+    from hpc_agent.rundir import WORKDIR
 
     run_dir = tmp_path / "runs" / "q-20260101-000000"
     run_dir.mkdir(parents=True)

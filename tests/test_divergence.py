@@ -6,9 +6,8 @@ import random
 
 import pytest
 
-from hpc_agent.diagnosis.alarms import Alarm as LegacyAlarm
 from hpc_agent.metrics.divergence import (GRAD_EXPLOSION, LEGACY_KIND, LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS,
-                                          STALLED_THROUGHPUT, Alarm, detect)
+                                          STALLED_THROUGHPUT, Alarm as LegacyAlarm, Alarm, detect)
 from hpc_agent.metrics.tb_reader import Point
 
 N = 1000

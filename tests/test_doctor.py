@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpc_agent import doctor as d
+from hpc_agent.slurm.sinfo import gpus_in_gres, parse_partitions
 from tests.conftest import run_cli
 from tests.helpers.fake_slurm import FakeSlurm
 
@@ -14,7 +15,7 @@ SINFO = "low*|2|2|6000|(null)|up\nhigh|2|2|6000|(null)|up\ngpu|4|64|512000|gpu:a
 
 
 def test_parse_sinfo():
-    parts = d.parse_sinfo(SINFO)
+    parts = parse_partitions(SINFO)
     assert [p.name for p in parts] == ["low", "high", "gpu"]
     assert [p.default for p in parts] == [True, False, False]
     assert parts[0].nodes == 2 and parts[0].cpus == "2" and parts[0].mem_mb == "6000"
@@ -26,7 +27,7 @@ def test_parse_sinfo():
 @pytest.mark.parametrize("gres, n", [("(null)", 0), ("", 0), ("gpu:2", 2), ("gpu:a100:4(S:0-1),gpu:v100:2", 6),
                                      ("mps:100,gpu:1", 1), ("gpu", 1)])
 def test_gpus_in_gres(gres, n):
-    assert d.gpus_in_gres(gres) == n
+    assert gpus_in_gres(gres) == n
 
 
 def test_summary_logic():
@@ -56,13 +57,13 @@ def test_gpu_request_on_gpuless_partition_fails():
                                                 account=None, qos=None, mem=None, constraint=None, exclude=None,
                                                 gpus_per_node=2))
     slurm = FakeSlurm(partitions=("low", "high", "gpu"))
-    checks = d.check_sbatch(slurm, cfg, d.parse_sinfo(SINFO))
+    checks = d.check_sbatch(slurm, cfg, parse_partitions(SINFO))
     assert [c.level for c in checks] == [d.OK, d.FAIL]
     assert "sbatch: Job 100 to start" in checks[0].detail
     assert "partition low has no GPU gres" in checks[1].detail
     assert [argv[:2] for argv in slurm.calls] == [["sbatch", "--test-only"]] and slurm.jobs == {}
     cfg.slurm.partition = "gpu"
-    assert [c.level for c in d.check_sbatch(slurm, cfg, d.parse_sinfo(SINFO))] == [d.OK]
+    assert [c.level for c in d.check_sbatch(slurm, cfg, parse_partitions(SINFO))] == [d.OK]
     rejected = d.check_sbatch(FakeSlurm(partitions=("low", "high")), cfg, [])
     assert rejected[0].level == d.FAIL and "invalid partition specified: gpu" in rejected[0].detail
 
@@ -143,7 +144,7 @@ def test_memory_check_is_submits_verdict(overrides, gpu_gib, gres, level, text):
 def test_target_gres_follows_the_partition():
     from hpc_agent.config.load import build_config
 
-    parts = d.parse_sinfo(SINFO)
+    parts = parse_partitions(SINFO)
     assert d.target_gres(build_config([{}]), parts) == ""  # the default partition "low" has (null) gres
     assert d.target_gres(build_config([{"slurm.partition": "gpu"}]), parts) == "gpu:a100:4(S:0-1)"
     assert d.target_gres(build_config([{"slurm.partition": "nosuch"}]), parts) == ""

@@ -11,10 +11,11 @@ from typing import Optional
 import pytest
 
 from hpc_agent.config.load import build_config
-from hpc_agent.diagnosis.alarms import Alarm
-from hpc_agent.follow import (EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY, RELEASE_LEASE, REQUEUE_EFFECT, RESUBMIT_EFFECT,
-                              Observation, RunFiles, RunState, Wants, follow, history_from, situation_from, wants)
+from hpc_agent.follow import follow, history_from, situation_from, wants
+from hpc_agent.follow_model import (EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY, RELEASE_LEASE, REQUEUE_EFFECT,
+                                    RESUBMIT_EFFECT, Observation, RunFiles, RunState, Wants)
 from hpc_agent.lifecycle import Phase
+from hpc_agent.metrics.divergence import Alarm
 from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 
@@ -115,6 +116,20 @@ def test_resubmit_carries_the_ladder_patch_and_the_audit_names_the_config_diff()
     (audit,) = outcome.audit
     assert audit["config_diff"]["train.micro_batch_size"] == {"from": 8, "to": 4}
     assert outcome.decision["cause"] == "gpu_oom" and outcome.decision["attempt"] == 0
+
+
+def test_an_ended_attempt_s_decision_comes_with_the_effects_that_carry_it_out():
+    """The decision row and its audit record are part of the same outcome as the effects, with the cause and the
+    detail, so the watcher journals all of them in one transaction before any effect runs (the one definition of
+    an effect is ``follow_model.Effect``; ``lifecycle.transition`` only gives the phase)."""
+    outcome = follow(state(), Observation(attempts(row("TIMEOUT", "0:15")), "", files()))
+    assert outcome.phase is Phase.RECOVERING
+    assert [(e.kind, e.job_id) for e in outcome.effects] == [(REQUEUE_EFFECT, "9"), (EXPEDITE, "9")]
+    decision = outcome.decision
+    assert (decision["cause"], decision["action"], decision["job_id"]) == ("timeout", "requeue", "9")
+    (audit,) = outcome.audit
+    assert (audit["cause"], audit["decision"]["action"]) == ("timeout", "requeue")
+    assert audit["evidence"][0].startswith("sacct: job 9 attempt 1: TIMEOUT")
 
 
 def test_needs_attention_reason_lists_every_problem():

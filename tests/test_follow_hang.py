@@ -15,8 +15,9 @@ import pytest
 from hpc_agent import rundir
 from hpc_agent.config.load import build_config
 from hpc_agent.diagnosis.hang import HangVerdict
-from hpc_agent.follow import (AWAIT_END, CANCEL, NOTIFY, RELEASE_LEASE, RESUBMIT_EFFECT, STACKS, Live, Observation,
-                              RunFiles, RunState, Suspicion, Wants, follow, history_from, wants)
+from hpc_agent.follow import follow, history_from, wants
+from hpc_agent.follow_model import (AWAIT_END, CANCEL, NOTIFY, RELEASE_LEASE, RESUBMIT_EFFECT, STACKS, Live,
+                                    Observation, RunFiles, RunState, Suspicion, Wants)
 from hpc_agent.heartbeat import Beat, encode
 from hpc_agent.lifecycle import Phase
 from hpc_agent.policy import PastAttempt

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from helpers.common import REPO, env_for, expect, losses, run, snapshot, start, tb_scalars, wait_for  # noqa: E402
 from launch import exitcodes  # noqa: E402
-from launch.checkpoint import MARKER, tag_for  # noqa: E402
+from hpc_agent.checkpoints import MARKER, tag_for  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: DeepSpeed's FP16 path, CUDA OOMs and NVML are GPU-only")

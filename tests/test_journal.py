@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hpc_agent.follow import Expedite, Outcome, Requeue
+from hpc_agent.follow_model import Expedite, Outcome, Requeue
 from hpc_agent.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import Event, EventKind, Phase

@@ -1,6 +1,7 @@
 """The run state machine, tested by what runs go through rather than by the table against itself.
 
-* scenarios: a run's whole life as a sequence of events, with the phase and the effects after each step;
+* scenarios: a run's whole life as a sequence of events, with the phase after each step (what to do on an
+  edge is the follow core's: its effects are tested in tests/test_follow.py);
 * edges that must not exist (a second submission, a parked run that starts, anything after the end);
 * the graph: every phase can be reached, and every live phase can still end;
 * ``Ledger.advance`` writes the phase only along an edge;
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpc_agent.ledger import Ledger
-from hpc_agent.lifecycle import (EDGES, EFFECT_NOTIFY, EFFECT_RECORD, EFFECT_REQUEUE, EFFECT_RESUBMIT, EFFECT_SUBMIT,
-                                 FOLLOWED, TERMINAL, Action, Event, EventKind, InvalidTransition, Phase, transition)
+from hpc_agent.lifecycle import (EDGES, FOLLOWED, TERMINAL, Action, Event, EventKind, InvalidTransition, Phase,
+                                 transition)
 
 P, K, A = Phase, EventKind, Action
 PACKAGE = Path(__file__).resolve().parent.parent / "hpc_agent"
@@ -26,81 +27,80 @@ SET_PHASE_ALLOWED = ("ledger.py",)
 
 
 def walk(start: Phase, steps):
-    """Feed ``steps`` ((event kind, action, expected phase, expected effect names), ...) through transition()."""
+    """Feed ``steps`` ((event kind, action, expected phase), ...) through transition()."""
     phase = start
-    for kind, action, expected, effects in steps:
-        phase, out = transition(phase, Event(kind, job_id="7", action=action, detail={"cause": "x"}))
+    for kind, action, expected in steps:
+        phase = transition(phase, Event(kind, job_id="7", action=action, detail={"cause": "x"}))
         assert phase is expected, (kind, action)
-        assert [e.name for e in out] == effects, (kind, action)
     return phase
 
 
 SCENARIOS = {
     "submit, run, preempted, requeued, completed": (P.SUBMITTING, [
-        (K.SUBMITTED, None, P.PENDING, []),
-        (K.STARTED, None, P.RUNNING, []),
-        (K.STARTED, None, P.RUNNING, []),  # seen running again next tick: nothing happens
-        (K.ENDED, A.REQUEUE, P.RECOVERING, [EFFECT_RECORD, EFFECT_REQUEUE]),
-        (K.QUEUED, None, P.RECOVERING, []),
-        (K.RECOVERED, None, P.PENDING, []),
-        (K.STARTED, None, P.RUNNING, []),
-        (K.COMPLETED, None, P.COMPLETED, [EFFECT_NOTIFY]),
+        (K.SUBMITTED, None, P.PENDING),
+        (K.STARTED, None, P.RUNNING),
+        (K.STARTED, None, P.RUNNING),  # seen running again next tick: nothing happens
+        (K.ENDED, A.REQUEUE, P.RECOVERING),
+        (K.QUEUED, None, P.RECOVERING),
+        (K.RECOVERED, None, P.PENDING),
+        (K.STARTED, None, P.RUNNING),
+        (K.COMPLETED, None, P.COMPLETED),
     ]),
     "Slurm requeues by itself, the requeued job starts before the watcher looks": (P.PENDING, [
-        (K.STARTED, None, P.RUNNING, []),
-        (K.QUEUED, None, P.PENDING, []),
-        (K.STARTED, None, P.RUNNING, []),
-        (K.ENDED, A.REQUEUE, P.RECOVERING, [EFFECT_RECORD, EFFECT_REQUEUE]),
-        (K.STARTED, None, P.RUNNING, []),
-        (K.COMPLETED, None, P.COMPLETED, [EFFECT_NOTIFY]),
+        (K.STARTED, None, P.RUNNING),
+        (K.QUEUED, None, P.PENDING),
+        (K.STARTED, None, P.RUNNING),
+        (K.ENDED, A.REQUEUE, P.RECOVERING),
+        (K.STARTED, None, P.RUNNING),
+        (K.COMPLETED, None, P.COMPLETED),
     ]),
     "OOM, resubmit fails once, then goes through": (P.PENDING, [
-        (K.STARTED, None, P.RUNNING, []),
-        (K.ENDED, A.RESUBMIT, P.RECOVERING, [EFFECT_RECORD, EFFECT_RESUBMIT]),
-        (K.ACTION_FAILED, None, P.RECOVERING, [EFFECT_RECORD]),
-        (K.RECOVERED, None, P.PENDING, []),
-        (K.STARTED, None, P.RUNNING, []),
-        (K.COMPLETED, None, P.COMPLETED, [EFFECT_NOTIFY]),
+        (K.STARTED, None, P.RUNNING),
+        (K.ENDED, A.RESUBMIT, P.RECOVERING),
+        (K.ACTION_FAILED, None, P.RECOVERING),
+        (K.RECOVERED, None, P.PENDING),
+        (K.STARTED, None, P.RUNNING),
+        (K.COMPLETED, None, P.COMPLETED),
     ]),
     "an OOM while still pending (e.g. at start-up), then the budget is spent while retrying": (P.PENDING, [
-        (K.ENDED, A.RESUBMIT, P.RECOVERING, [EFFECT_RECORD, EFFECT_RESUBMIT]),
-        (K.ACTION_FAILED, None, P.RECOVERING, [EFFECT_RECORD]),
-        (K.ENDED, A.STOP, P.STOPPED, [EFFECT_RECORD, EFFECT_NOTIFY]),
+        (K.ENDED, A.RESUBMIT, P.RECOVERING),
+        (K.ACTION_FAILED, None, P.RECOVERING),
+        (K.ENDED, A.STOP, P.STOPPED),
     ]),
     "OOM, the watcher's resubmission is answered by sbatch": (P.RUNNING, [
-        (K.ENDED, A.RESUBMIT, P.RECOVERING, [EFFECT_RECORD, EFFECT_RESUBMIT]),
-        (K.SUBMITTED, None, P.PENDING, []),
-        (K.STARTED, None, P.RUNNING, []),
+        (K.ENDED, A.RESUBMIT, P.RECOVERING),
+        (K.SUBMITTED, None, P.PENDING),
+        (K.STARTED, None, P.RUNNING),
     ]),
     "submit died between recording the job id and the phase: followed like a pending run": (P.SUBMITTING, [
-        (K.STARTED, None, P.RUNNING, []),
-        (K.COMPLETED, None, P.COMPLETED, [EFFECT_NOTIFY]),
+        (K.STARTED, None, P.RUNNING),
+        (K.COMPLETED, None, P.COMPLETED),
     ]),
     "sbatch refuses": (P.SUBMITTING, [
-        (K.SUBMIT_FAILED, None, P.STOPPED, [EFFECT_NOTIFY]),
+        (K.SUBMIT_FAILED, None, P.STOPPED),
     ]),
     "submitter killed before sbatch: reconciled, submitted, found": (P.SUBMITTING, [
-        (K.NOT_FOUND, None, P.SUBMITTING, [EFFECT_SUBMIT]),
-        (K.FOUND, None, P.PENDING, []),
+        (K.NOT_FOUND, None, P.SUBMITTING),
+        (K.FOUND, None, P.PENDING),
     ]),
     "a code error stops the run": (P.RUNNING, [
-        (K.ENDED, A.STOP, P.STOPPED, [EFFECT_RECORD, EFFECT_NOTIFY]),
+        (K.ENDED, A.STOP, P.STOPPED),
     ]),
     "a pruned sweep trial is cancelled": (P.SUBMITTING, [
-        (K.SUBMITTED, None, P.PENDING, []),
-        (K.STARTED, None, P.RUNNING, []),
-        (K.CANCELLED, None, P.STOPPED, [EFFECT_NOTIFY]),
+        (K.SUBMITTED, None, P.PENDING),
+        (K.STARTED, None, P.RUNNING),
+        (K.CANCELLED, None, P.STOPPED),
     ]),
     "unfollowable, parked, resumed, then followed again": (P.RUNNING, [
-        (K.UNFOLLOWABLE, None, P.NEEDS_ATTENTION, [EFFECT_NOTIFY]),
-        (K.UNFOLLOWABLE, None, P.NEEDS_ATTENTION, []),  # still broken next time: told once only
-        (K.RESUMED, None, P.PENDING, []),
-        (K.STARTED, None, P.RUNNING, []),
-        (K.COMPLETED, None, P.COMPLETED, [EFFECT_NOTIFY]),
+        (K.UNFOLLOWABLE, None, P.NEEDS_ATTENTION),
+        (K.UNFOLLOWABLE, None, P.NEEDS_ATTENTION),  # still broken next time: told once only
+        (K.RESUMED, None, P.PENDING),
+        (K.STARTED, None, P.RUNNING),
+        (K.COMPLETED, None, P.COMPLETED),
     ]),
     "a parked trial is pruned": (P.RECOVERING, [
-        (K.UNFOLLOWABLE, None, P.NEEDS_ATTENTION, [EFFECT_NOTIFY]),
-        (K.CANCELLED, None, P.STOPPED, [EFFECT_NOTIFY]),
+        (K.UNFOLLOWABLE, None, P.NEEDS_ATTENTION),
+        (K.CANCELLED, None, P.STOPPED),
     ]),
 }
 
@@ -112,20 +112,13 @@ def test_scenario(name):
     assert end in TERMINAL or end in FOLLOWED
 
 
-def test_a_decision_is_recorded_before_it_is_carried_out_and_carries_its_detail():
-    _, effects = transition(P.RUNNING, Event(K.ENDED, "5", A.REQUEUE, {"cause": "preempted"}))
-    assert [e.name for e in effects] == [EFFECT_RECORD, EFFECT_REQUEUE]
-    assert effects[0].detail == {"action": "requeue", "cause": "preempted"}
-    assert effects[1].job_id == "5" and effects[1].detail["cause"] == "preempted"
-
-
 @pytest.mark.parametrize("phase", list(P))
 def test_cancel_stops_every_live_or_parked_run(phase):
     if phase in TERMINAL:
         with pytest.raises(InvalidTransition):
             transition(phase, Event(K.CANCELLED, "1"))
         return
-    assert transition(phase, Event(K.CANCELLED, "1"))[0] is P.STOPPED
+    assert transition(phase, Event(K.CANCELLED, "1")) is P.STOPPED
 
 
 INVALID = [
@@ -181,13 +174,12 @@ def test_ledger_advance_writes_along_edges_only(tmp_path):
     ledger = Ledger(tmp_path / "ledger.sqlite")
     ledger.add_run("r", "r", str(tmp_path))
     assert ledger.run("r").phase == "submitting"
-    assert ledger.advance("r", Event(K.SUBMITTED, "1"))[0] is P.PENDING
+    assert ledger.advance("r", Event(K.SUBMITTED, "1")) is P.PENDING
     with pytest.raises(InvalidTransition):
         ledger.advance("r", Event(K.SUBMITTED, "2"))
     assert ledger.run("r").phase == "pending"  # a refused event writes nothing
     ledger.advance("r", Event(K.STARTED, "1"))
-    phase, effects = ledger.advance("r", Event(K.CANCELLED, "1"))
-    assert phase is P.STOPPED and [e.name for e in effects] == [EFFECT_NOTIFY]
+    assert ledger.advance("r", Event(K.CANCELLED, "1")) is P.STOPPED
     assert ledger.run("r").phase == "stopped"
 
 

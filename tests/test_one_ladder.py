@@ -17,9 +17,9 @@ from hpc_agent.config.load import build_config
 from hpc_agent.config.schema import Config
 from hpc_agent.diagnose import diagnose
 from hpc_agent.diagnosis.causes import Cause
-from hpc_agent.memory import estimate_from_config, estimate_with_patch
+from hpc_agent.memory import GPU_HEADROOM, estimate_from_config, estimate_with_patch
 from hpc_agent.policy import RESUBMIT, STOP, PastAttempt, Situation, decide
-from hpc_agent.preflight import HEADROOM, REFUSE, memory_verdict
+from hpc_agent.preflight import REFUSE, memory_verdict
 from hpc_agent.rundir import LogText
 
 GIB = 2**30
@@ -102,7 +102,8 @@ def by_diagnose(case: Case) -> Dict[str, Any]:
 def by_watcher_core(case: Case) -> Dict[str, Any]:
     """The watcher's pure core (``hpc_agent.follow``), fed what the watcher observes: the sacct attempts,
     squeue's "not queued", and the run's files (config + OOM log); its history comes from the ledger."""
-    from hpc_agent.follow import NOTIFY, RESUBMIT_EFFECT, Observation, RunFiles, RunState, follow
+    from hpc_agent.follow_model import NOTIFY, RESUBMIT_EFFECT, Observation, RunFiles, RunState
+    from hpc_agent.follow import follow
     from hpc_agent.lifecycle import Phase
     from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 
@@ -165,7 +166,7 @@ def test_every_decider_proposes_the_same_rung(case: Case):
     proposed = {name: decide_(case) for name, decide_ in DECIDERS.items()}
     assert proposed == {name: case.expected for name in DECIDERS}
     if case.expected:  # the rung fits the headroom by the estimate and keeps the global batch
-        assert estimate_with_patch(case.cfg, case.expected).total_bytes <= HEADROOM * case.capacity_bytes
+        assert estimate_with_patch(case.cfg, case.expected).total_bytes <= GPU_HEADROOM * case.capacity_bytes
         t = case.cfg.train
         mbs = case.expected.get("train.micro_batch_size", t.micro_batch_size)
         assert mbs * case.expected.get("train.grad_accum_steps", t.grad_accum_steps) == \

@@ -5,8 +5,8 @@ import pytest
 
 from hpc_agent.config.load import build_config
 from hpc_agent.memory import estimate_from_config, estimate_with_patch
-from hpc_agent.preflight import (OK, REFUSE, SKIP, WARN, gpu_capacity, gpu_gib_from_gres, memory_verdict,
-                                 partition_gres)
+from hpc_agent.preflight import OK, REFUSE, SKIP, WARN, gpu_capacity, memory_verdict
+from hpc_agent.slurm.sinfo import gpu_gib_from_gres, partition_gres
 from tests.conftest import run_cli
 
 GIB = 2**30

@@ -7,8 +7,8 @@ import pytest
 from helpers.common import expect, losses, run, snapshot, start, tb_scalars, wait_for, wait_for_snapshot
 from hpc_agent import in_job
 from hpc_agent.adaptive import adaptation_kind
+from hpc_agent.checkpoints import MARKER, tag_for
 from launch import exitcodes, universal
-from launch.checkpoint import MARKER, tag_for
 
 # Issue 21: the exact-resume tests also run with the adaptive LR schedule on, set to adapt often (a plateau of
 # the training loss is any 3 log points that do not beat the best before by 90 %), so warm restarts fall before

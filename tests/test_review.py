@@ -19,8 +19,9 @@ import pytest
 
 from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.ledger import Ledger
-from hpc_agent.review import main, review_run, start_tensorboard
+from hpc_agent.review import main, start_tensorboard
 from hpc_agent.review_plot import boundary_labels, event_label
+from hpc_agent.runreview import review_run
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = "gpt-20260101-000000"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.runlease import (REFUSE, TAKE, TAKEOVER, WAIT, Holder, LeaseWaitCancelled, RunDirBusy, RunLease,
-                                job_identity, judge, me_from_env, move_aside_if, publish_exclusive, read_holder,
-                                settings_from_env, stale_after_s)
+from hpc_agent.lease_rules import (REFUSE, TAKE, TAKEOVER, WAIT, Holder, LeaseWaitCancelled, RunDirBusy, job_identity,
+                                   judge, me_from_env, settings_from_env, stale_after_s)
+from hpc_agent.nfs_files import publish_exclusive
+from hpc_agent.runlease import RunLease, move_aside_if, read_holder
 
 NOW = 1_000_000.0
 

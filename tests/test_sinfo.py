@@ -68,9 +68,11 @@ def test_argv_pairs_with_the_parser():
     assert sinfo.node_memory_argv() == ["sinfo", "--noheader", "--format", "%m"]
 
 
-def test_the_old_homes_use_it():
+def test_doctor_and_preflight_parse_sinfo_with_this_module_only():
+    """One home for sinfo's formats: doctor and preflight call this module's parsers (no copy, no alias)."""
     from hpc_agent import doctor, preflight
 
-    assert doctor.parse_sinfo is sinfo.parse_partitions and doctor.gpus_in_gres is sinfo.gpus_in_gres
-    assert preflight.gpu_gib_from_gres is sinfo.gpu_gib_from_gres and preflight.partition_gres is sinfo.partition_gres
+    assert doctor.parse_partitions is sinfo.parse_partitions
+    assert preflight.gpu_gib_from_gres is sinfo.gpu_gib_from_gres
+    assert not hasattr(doctor, "parse_sinfo") and not hasattr(preflight, "partition_gres")
     assert preflight.sinfo_argv() == ["sinfo", "--noheader", "--format", sinfo.GRES_FORMAT]

@@ -17,6 +17,7 @@ from hpc_agent import submission, submit
 from hpc_agent.config.load import load_config, write_run_config
 from hpc_agent.ledger import Ledger
 from hpc_agent.lifecycle import FOLLOWED, Action, Event, EventKind, Phase
+from hpc_agent.rundir import read_run_json
 
 
 class FakeExecutor:
@@ -133,14 +134,14 @@ def test_submit_attempt_moves_a_first_submission_and_a_resubmission_to_pending(t
     submission.submit_attempt(ledger, "r", run_dir, cfg, path, "local", reason="oom")
     assert ledger.run("r").phase == "pending"
     assert [s.job_id for s in ledger.submissions("r")] == ["4242", "4343"]
-    info = submission.read_run_json(run_dir)
+    info = read_run_json(run_dir)
     assert info["job_ids"] == ["4242", "4343"] and info["logs"] == [str(run_dir / "slurm" / "4343_0_log.out")]
 
 
 def test_run_json_is_read_as_untrusted(tmp_path):
     (tmp_path / "run.json").symlink_to("/dev/zero")
     with pytest.raises(OSError, match="symbolic link"):
-        submission.read_run_json(tmp_path)
+        read_run_json(tmp_path)
 
 
 def test_the_submit_action_is_audited_with_who_and_why(tmp_path, executor):

@@ -11,7 +11,8 @@ import pytest
 
 from hpc_agent import handback
 from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
-from hpc_agent.follow import Observation, RunState, follow
+from hpc_agent.follow_model import Observation, RunState
+from hpc_agent.follow import follow
 from hpc_agent.follow_model import ADOPT, CANCEL
 from hpc_agent.lifecycle import Phase
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+
 import optuna
 import pytest
 from submitit.core.utils import DelayedSubmission, JobPaths
@@ -16,8 +17,9 @@ from submitit.core.utils import DelayedSubmission, JobPaths
 from hpc_agent.job import TrainingJob
 from hpc_agent.ledger import Ledger
 from hpc_agent.slurm.cli import SlurmError
+from hpc_agent.sweep.adopt import complete_params
 from hpc_agent.sweep.batch import array_name, array_parameters, release_array, restore_pickles
-from hpc_agent.sweep.driver import A_BATCH, A_JOB, complete_params
+from hpc_agent.sweep.driver import A_BATCH, A_JOB
 from hpc_agent.sweep.spec import distributions
 from tests.conftest import REPO
 from tests.helpers.fake_slurm import FakeSlurm

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from helpers.common import expect, losses, run, run_ranks, snapshot, start, tb_scalars
+from hpc_agent.checkpoints import MARKER, scan, select, tag_for
 from launch import exitcodes
-from launch.checkpoint import MARKER, scan, select, tag_for
 from launch.distributed import free_port
 
 

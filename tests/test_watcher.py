@@ -158,7 +158,7 @@ def test_gpu_oom_resubmits_with_half_micro_batch_double_accumulation(world):
     assert len(world["submit"].calls) == 1 and len(slurm.submissions) == 1
     assert world["ledger"].run("r").phase == "running"
     # The new job's first attempt is the run's second: attempt numbers count across resubmissions.
-    from hpc_agent.follow import RunState
+    from hpc_agent.follow_model import RunState
     from hpc_agent.lifecycle import Phase
 
     from hpc_agent.observe import run_state

@@ -156,9 +156,9 @@ class ChaosDriver:
         wait one flush interval before reading. Only steps that ended by the window's end count (``time_lost``)."""
         stopped_at = time.time()
         if any(t.done_at is None for t in self.targets):
-            from launch.tblog import FLUSH_EVERY_S
+            from hpc_agent.metrics.tb_reader import TB_FLUSH_EVERY_S
 
-            time.sleep(FLUSH_EVERY_S + FLUSH_MARGIN_S)
+            time.sleep(TB_FLUSH_EVERY_S + FLUSH_MARGIN_S)
         return [self._summary(t, stopped_at) for t in self.targets]
 
     def _note_progress(self, t: Target) -> None:

@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from hpc_agent.config.adaptive import AdaptiveConfig, adaptive_problems
-from hpc_agent.config.checks import (MEM_RE, NAME_RE, TIME_RE, check_choice, check_positive, check_shell_safe,
-                                     raise_if)
+from hpc_agent.config.checks import MEM_RE, NAME_RE, TIME_RE, check_choice, check_positive, check_shell_safe, raise_if
 from hpc_agent.config.fields import path_problem
 from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsConfig, ModelConfig
-from hpc_agent.config.problems import Problem
-from hpc_agent.config.profile import Profile
 from hpc_agent.config.notify import NotifyConfig, mail_problems
 from hpc_agent.config.placement import PlacementConfig
+from hpc_agent.config.problems import Problem
+from hpc_agent.config.profile import Profile
 from hpc_agent.config.resilience import ResilienceConfig
 from hpc_agent.config.user_code import ContainerConfig, command_problems, workload_problem
-from hpc_agent.memory import REDUCE_BUCKET_SIZE
+
+REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size (elements)
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OFFLOADS = ("none", "optimizer", "optimizer+params")

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence, Tuple
 
-from hpc_agent.metrics.divergence import (FATAL_KINDS, LEGACY_KIND, LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS,  # noqa: F401
-                                          Alarm, detect)
+from hpc_agent.metrics.divergence import FATAL_KINDS, LEGACY_KIND, Alarm, detect
 
 Series = Sequence[Any]
 """``[(step, value), ...]`` or ``RunScalars.series(tag)``'s ``Point`` objects (``.step``, ``.value``)."""

@@ -22,11 +22,11 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hpc_agent.diagnosis.alarms import Alarm
 from hpc_agent.diagnosis.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.diagnosis.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
 from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, parse_timestamp, scan_logs, since_last_repair,
                                          split_attempts, split_by_time)
+from hpc_agent.metrics.divergence import Alarm
 from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import Attempt
 

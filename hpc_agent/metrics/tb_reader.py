@@ -24,6 +24,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 EVENT_GLOB = "events.out.tfevents.*"
+"""The event files' names: ``launch/tblog.py`` writes them, this module reads them."""
+TB_FLUSH_EVERY_S = 2.0
+"""The built-in trainer's flush interval (seconds, ``launch/tblog.py``): a bound on how late the event file shows
+a step."""
 RECORD_OVERHEAD = 16
 """TFRecord framing around each event: u64 length, u32 crc of the length, data, u32 crc of the data."""
 

@@ -7,13 +7,14 @@ in Slurm without recorded job ids (found by name, pickles restored, released, re
 id (followed). The ledger registration is one transaction. Any other held task of the sweep still queued
 is released (a running trial records it) or cancelled (none does), one line each: :func:`settle_held`.
 
-These functions work on a :class:`~hpc_agent.sweep.driver.SweepDriver` (its study, Slurm and ledger, and
-the trials it follows); the driver's ``adopt`` and ``settle_held`` methods call them.
+These functions work on an :class:`Adopter`: the small public interface of the sweep driver they need (its
+study, Slurm and ledger, and the trials it follows), which ``hpc_agent.sweep.driver.SweepDriver`` implements; the
+driver's ``adopt`` and ``settle_held`` methods call them. This module never imports the driver.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from hpc_agent import audit, rundir
 from hpc_agent.journal import Journal
@@ -23,8 +24,37 @@ from hpc_agent.sweep.batch import (TrialJob, find_array, held_arrays, register_t
 from hpc_agent.sweep.spec import distributions, trial_run_id
 from hpc_agent.sweep.trial_attrs import A_BATCH, A_INDEX, A_INTENT, A_JOB, A_RUN_DIR, A_RUN_ID, A_SIZE
 
-if TYPE_CHECKING:
-    from hpc_agent.sweep.driver import SweepDriver
+
+class Adopter(Protocol):
+    """What adoption needs of the sweep driver."""
+
+    study: Any
+    spec: Any  # SweepSpec
+    slurm: Any
+    ledger: Any
+    sweep_dir: Path
+    runs_root: Path
+    unsubmitted: List[Any]
+    """Asked trials whose array never reached Slurm: the driver submits them next."""
+
+    def say(self, text: str) -> None: ...
+
+    def halt_if_paused(self, before: str) -> None:
+        """The kill switch, checked right before each action (raises ``killswitch.Paused``)."""
+
+    def settle_held(self, adopting: Sequence[str] = ()) -> None: ...
+
+    def trial_obj(self, frozen: Any) -> Any:
+        """A stored trial as one that can report and be told."""
+
+    def follow(self, trial: Any, attrs: Dict[str, Any], reported: Optional[set] = None) -> None:
+        """Follow ``trial``'s run from now on (``attrs``: its user attributes)."""
+
+    def trial_config(self, number: int, params: Dict[str, Any]) -> Tuple[str, Any]:
+        """The run id and the config of trial ``number`` with ``params``."""
+
+    def set_attr(self, trial: Any, key: str, value: Any) -> None:
+        """Record a user attribute on the trial (its durable record)."""
 
 
 def complete_params(trial, dists: Dict[str, Any]) -> List[str]:
@@ -45,7 +75,7 @@ def complete_params(trial, dists: Dict[str, Any]) -> List[str]:
     return missing
 
 
-def adopt(driver: "SweepDriver") -> None:
+def adopt(driver: "Adopter") -> None:
     """Follow, submit again or register each RUNNING trial of the study, by the state its kill point left."""
     import optuna
 
@@ -53,9 +83,9 @@ def adopt(driver: "SweepDriver") -> None:
     reached = []  # (trial, frozen trial, job id): in Slurm, its job id recorded nowhere yet
     for frozen in running:
         attrs = frozen.user_attrs
-        trial = driver._trial_obj(frozen)
+        trial = driver.trial_obj(frozen)
         if A_JOB in attrs:
-            driver._follow(trial, attrs, set(frozen.intermediate_values))
+            driver.follow(trial, attrs, set(frozen.intermediate_values))
             driver.say(f"trial {frozen.number}: adopted run {attrs[A_RUN_ID]} (job {attrs[A_JOB]})")
             continue
         # A_INTENT is the last attribute written before sbatch: without it, sbatch never ran.
@@ -84,22 +114,22 @@ def adopt(driver: "SweepDriver") -> None:
     for trial, frozen, job_id in reached:
         attrs = frozen.user_attrs
         record_job(driver, trial, frozen.number, attrs[A_BATCH], job_id)
-        driver._follow(trial, dict(attrs, **{A_JOB: job_id}), set(frozen.intermediate_values))
+        driver.follow(trial, dict(attrs, **{A_JOB: job_id}), set(frozen.intermediate_values))
         note = " (restored its submitit pickle)" if job_id in restored else ""
         driver.say(f"trial {frozen.number}: its array reached Slurm as job {job_id}; adopted{note}")
 
 
-def record_job(driver: "SweepDriver", trial, number: int, batch: str, job_id: str) -> None:
+def record_job(driver: "Adopter", trial, number: int, batch: str, job_id: str) -> None:
     """Register an adopted trial's job in the ledger, then record its job id on the trial."""
     run_id = trial_run_id(driver.spec.name, number)
     run_dir = driver.runs_root / run_id
-    _, cfg = driver._trial_config(number, trial.params)
+    _, cfg = driver.trial_config(number, trial.params)
     job = TrialJob(number, run_id, run_dir, rundir.config_path(run_dir), cfg)
     register_trial(driver.ledger, job, job_id, driver.spec.name, batch, rundir.slurm_dir(driver.sweep_dir))
-    driver._set(trial, A_JOB, job_id)
+    driver.set_attr(trial, A_JOB, job_id)
 
 
-def settle_held(driver: "SweepDriver", adopting: Sequence[str] = ()) -> None:
+def settle_held(driver: "Adopter", adopting: Sequence[str] = ()) -> None:
     """Release or cancel every held task of this sweep's arrays still in the queue (start-up, from ``adopt``).
 
     Arrays are submitted held and released once submitit returns (batch.py), so a driver killed in

@@ -136,15 +136,14 @@ def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel:
 
 def submit_array(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int, folder: Path) -> List[str]:
     """sbatch one array (or a plain job for a batch of one); returns the job ids in trial order."""
-    from hpc_agent.job import TrainingJob
-    from hpc_agent.slurm.submitit_timeout import TimedSlurmExecutor  # submitit's, with sbatch bounded
-
     from hpc_agent.containers import job_python
+    from hpc_agent.slurm.submitit_timeout import TimedSlurmExecutor  # submitit's, with sbatch bounded
+    from hpc_agent.submission import training_job
 
     executor = TimedSlurmExecutor(folder=folder, python=job_python(jobs[0].cfg, {}))  # slurm.python, else this one
     executor.update_parameters(**array_parameters(jobs, sweep, batch, parallel))
     with executor.batch():
-        handles = [executor.submit(TrainingJob(j.run_dir, j.config_path)) for j in jobs]
+        handles = [executor.submit(training_job(j.run_dir, j.config_path)) for j in jobs]
     return [h.job_id for h in handles]
 
 
@@ -260,7 +259,8 @@ def link_logs(sweep_slurm: Path, run_dir: Path, job_id: str, ranks: int) -> None
 def register_trial(ledger, job: TrialJob, job_id: str, sweep: str, batch: str, sweep_slurm: Path) -> None:
     """Enter a submitted trial in the runs ledger and its run.json (idempotent: adoption may repeat it)."""
     from hpc_agent.lifecycle import Event, EventKind, Phase
-    from hpc_agent.submission import read_run_json, update_run_json
+    from hpc_agent.rundir import read_run_json
+    from hpc_agent.submission import update_run_json
 
     # One transaction: a driver killed half-way must not leave a submission row without its job id, which
     # the watcher would "reconcile" by name (hpc_agent:<run id>), not find, and submit a second time.

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hpc_agent import audit, killswitch, rundir
-from hpc_agent.config.load import write_run_config
-from hpc_agent.config.load import load_config
+from hpc_agent.config.load import load_config, write_run_config
 from hpc_agent.filemodes import make_dir
 from hpc_agent.journal import Journal
 from hpc_agent.lifecycle import TERMINAL, Event, EventKind, Phase
@@ -41,7 +40,6 @@ from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from hpc_agent.submission import crash_point
 from hpc_agent.sweep import adopt as adoption
-from hpc_agent.sweep.adopt import complete_params  # noqa: F401 (re-exported: the tests import it from here)
 from hpc_agent.sweep.batch import TrialJob, register_trial, release_array, submit_array
 from hpc_agent.sweep.spec import SweepSpec, distributions, trial_overrides, trial_run_id
 from hpc_agent.sweep.trial_attrs import A_BATCH, A_FAIL, A_INDEX, A_INTENT, A_JOB, A_PRUNED, A_RUN_DIR, A_RUN_ID, A_SIZE
@@ -93,6 +91,8 @@ class Followed:
 
 
 class SweepDriver:
+    """Optuna ask/tell around ordinary runs; implements :class:`hpc_agent.sweep.adopt.Adopter` for its start-up."""
+
     def __init__(self, spec: SweepSpec, study, *, config: str, cli_overrides: Sequence[str], sweep_dir: Path,
                  runs_root: Path, ledger, slurm, out: Callable[[str], None] = _say_now,
                  clock: Callable[[], float] = time.time, submit: Callable[..., List[str]] = submit_array):
@@ -111,15 +111,15 @@ class SweepDriver:
         killswitch.check(self.runs_root, before)
 
     @staticmethod
-    def _set(trial, key: str, value: Any) -> None:
+    def set_attr(trial, key: str, value: Any) -> None:
         trial.set_user_attr(key, value)  # written to the storage at once: the trial's durable record
 
-    def _trial_config(self, number: int, params: Dict[str, Any]):
+    def trial_config(self, number: int, params: Dict[str, Any]):
         run_id = trial_run_id(self.spec.name, number)
         overrides = trial_overrides(self.spec, params, run_id, str(self.runs_root), fixed=self.cli_overrides)
         return run_id, load_config(self.config, overrides)
 
-    def _trial_obj(self, frozen):
+    def trial_obj(self, frozen):
         import optuna
 
         # Optuna's own way back from a stored trial to one that can report and be told (no public alias).
@@ -140,7 +140,7 @@ class SweepDriver:
         """Release or cancel every held task of this sweep's arrays still in the queue (``adopt.settle_held``)."""
         adoption.settle_held(self, adopting)
 
-    def _follow(self, trial, attrs: Dict[str, Any], reported: Optional[set] = None) -> None:
+    def follow(self, trial, attrs: Dict[str, Any], reported: Optional[set] = None) -> None:
         run_dir = Path(attrs[A_RUN_DIR])
         self.followed[trial.number] = Followed(trial, attrs[A_RUN_ID], run_dir,
                                                RunScalars(rundir.tb_dir(run_dir), tags=[self.spec.tag]),
@@ -167,7 +167,7 @@ class SweepDriver:
         batch = f"b{trials[0].number:03d}-{int(self.clock())}"
         jobs: List[TrialJob] = []
         for index, trial in enumerate(trials):
-            run_id, cfg = self._trial_config(trial.number, trial.params)
+            run_id, cfg = self.trial_config(trial.number, trial.params)
             run_dir = self.runs_root / run_id
             for sub in (rundir.tb_dir, rundir.checkpoints_dir, rundir.slurm_dir):
                 make_dir(sub(run_dir))
@@ -175,7 +175,7 @@ class SweepDriver:
             # One attribute per storage write; A_INTENT goes last and marks the intent complete (adopt).
             for key, value in ((A_RUN_ID, run_id), (A_RUN_DIR, str(run_dir)), (A_BATCH, batch), (A_INDEX, index),
                                (A_SIZE, len(trials)), (A_INTENT, self.clock())):
-                self._set(trial, key, value)
+                self.set_attr(trial, key, value)
         crash_point("sweep_after_intent")  # tests: the intent is recorded, sbatch never ran
         try:
             job_ids = self.submit(jobs, self.spec.name, batch, self.spec.parallel, rundir.slurm_dir(self.sweep_dir))
@@ -187,8 +187,8 @@ class SweepDriver:
         crash_point("sweep_after_submit")  # tests: the array is in Slurm, its job ids recorded nowhere
         for trial, job, job_id in zip(trials, jobs, job_ids):
             register_trial(self.ledger, job, job_id, self.spec.name, batch, rundir.slurm_dir(self.sweep_dir))
-            self._set(trial, A_JOB, job_id)
-            self._follow(trial, {A_RUN_ID: job.run_id, A_RUN_DIR: str(job.run_dir)})
+            self.set_attr(trial, A_JOB, job_id)
+            self.follow(trial, {A_RUN_ID: job.run_id, A_RUN_DIR: str(job.run_dir)})
             params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
             self.say(f"trial {trial.number}: submitted run {job.run_id} as job {job_id} ({params})")
 
@@ -240,7 +240,7 @@ class SweepDriver:
         next driver still tells as PRUNED (and stops first, see ``poll``), and a watcher that never mistakes
         the cancel for a failure."""
         self.halt_if_paused(f"pruning trial {f.trial.number}")  # before the mark: a paused driver decides nothing
-        self._set(f.trial, A_PRUNED, step)
+        self.set_attr(f.trial, A_PRUNED, step)
         ids = self._cancel(f, step)
         self.say(f"trial {f.trial.number}: pruned at step {step} ({self.spec.pruner.kind} pruner); job(s) "
                  f"{', '.join(ids)} cancelled")
@@ -293,7 +293,7 @@ class SweepDriver:
             reason = f"the run completed without logging {self.spec.tag}"
         else:
             reason = f"the watcher stopped the run (see its {rundir.EVENTS})"
-        self._set(f.trial, A_FAIL, reason)
+        self.set_attr(f.trial, A_FAIL, reason)
         self.study.tell(f.trial, state=optuna.trial.TrialState.FAIL)
         self.say(f"trial {f.trial.number}: failed: {reason}")
 

@@ -1,0 +1,66 @@
+"""The code snapshot as every attempt of a run reads it: ``<run dir>/code/`` and its ``MANIFEST.json``.
+
+``submit`` takes the snapshot (``hpc_agent/code_snapshot.py``: what is copied, bounded, with the manifest);
+the job reads it back here: :func:`activate` puts the copy first on ``sys.path``, :func:`snapshot_argv` points
+a command-mode script word at its copy. :func:`digest` is the manifest's sha256, so anyone can check a copy
+against it (:func:`hash_tree`).
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from hpc_agent import rundir
+
+
+def digest(entries: Iterable[Tuple[str, bytes]]) -> str:
+    """sha256 over (relative path, content) pairs in path order: ``path NUL size(8 bytes) content`` each."""
+    h = hashlib.sha256()
+    for rel, data in sorted(entries, key=lambda e: e[0]):
+        h.update(rel.encode("utf-8") + b"\0" + len(data).to_bytes(8, "big") + data)
+    return h.hexdigest()
+
+
+def snapshot_argv(argv: Sequence[str], manifest: Dict[str, Any], code_dir: Path) -> List[str]:
+    """``train.command`` pointed at the snapshot: the script word replaced by its copy (else unchanged)."""
+    out = [str(word) for word in argv]
+    index, script = manifest.get("argv_index"), manifest.get("script")
+    if isinstance(index, int) and script and 0 <= index < len(out):
+        out[index] = str(Path(code_dir) / script)
+    return out
+
+
+def hash_tree(code_dir: Path) -> Tuple[str, int, int]:
+    """(sha256, files, bytes) of a snapshot folder as it is now (its manifest left out): compare with it."""
+    code_dir = Path(code_dir)
+    entries = [(str(p.relative_to(code_dir)), p.read_bytes()) for p in code_dir.rglob("*")
+               if p.is_file() and p.relative_to(code_dir) != Path(rundir.CODE_MANIFEST)]
+    return digest(entries), len(entries), sum(len(d) for _, d in entries)
+
+
+def read_manifest(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """The run's snapshot manifest, or None when it has none."""
+    import json
+
+    path = rundir.code_dir(run_dir) / rundir.CODE_MANIFEST
+    if not path.exists():
+        return None
+    info = json.loads(rundir.read_bounded(path, 1 << 20))
+    return info if isinstance(info, dict) else None
+
+
+def activate(cfg: Any, run_dir: Path) -> Optional[Dict[str, Any]]:
+    """In the job: put the snapshot first on sys.path (ahead of the working directory, which
+    ``python -m`` puts before PYTHONPATH); the manifest, or None when the run has no snapshot."""
+    if not getattr(cfg.train, "snapshot_code", False):
+        return None
+    manifest = read_manifest(run_dir)
+    if manifest is None:
+        return None
+    code = str(rundir.code_dir(run_dir))
+    while code in sys.path:
+        sys.path.remove(code)
+    sys.path.insert(0, code)
+    return manifest
