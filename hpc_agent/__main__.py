@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 from hpc_agent import exit_status
@@ -27,8 +26,7 @@ COMMANDS = {
 def _available() -> List[str]:
     found = []
     for name in COMMANDS:
-        module = "hpc_agent.config.docs" if name == "config" else f"hpc_agent.{name}"
-        if importlib.util.find_spec(module) is not None:
+        if importlib.util.find_spec(f"hpc_agent.{name}") is not None:
             found.append(name)
     return found
 
@@ -55,68 +53,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if command not in _available():
         print(f"hpc-agent: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return exit_status.USAGE
-    if command == "config":
-        return config_command(rest)
     module = importlib.import_module(f"hpc_agent.{command}")
-    if not hasattr(module, "main"):  # a package (hpc_agent.sweep): its CLI is its __main__ module
+    if not hasattr(module, "main"):  # a package (hpc_agent.sweep, hpc_agent.config): its CLI is its __main__ module
         module = importlib.import_module(f"hpc_agent.{command}.__main__")
     try:
         return int(module.main(rest) or 0)
     except MissingExtra as exc:  # a feature whose pip extra is not installed: one line, no traceback
         print(exc, file=sys.stderr)
         return exit_status.USAGE
-
-
-def config_command(argv: List[str]) -> int:
-    """``hpc-agent config``: the reference; ``--list`` the shipped files; ``--copy DIR`` copies them to edit.
-
-    A wheel install keeps the shipped configs inside site-packages; ``--copy`` gives a user an editable
-    copy, which ``HPC_AGENT_HOME`` then makes the one that config and template names resolve in."""
-    import argparse
-
-    from hpc_agent import paths
-
-    parser = argparse.ArgumentParser(prog="hpc-agent config", description=COMMANDS["config"])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--list", action="store_true", help="list the shipped configs and sbatch templates")
-    group.add_argument("--copy", metavar="DIR", help=f"copy {' and '.join(paths.FOLDERS)} into DIR (never overwrites)")
-    from hpc_agent.cli_common import add_common_arguments, configure
-
-    args = add_common_arguments(parser).parse_args(argv)
-    configure(args)
-    home = paths.shipped_home()
-    if args.list:
-        for folder in paths.FOLDERS:
-            print(f"{home / folder}:")
-            for file in sorted((home / folder).glob("*.yaml")):
-                print(f"  {file.stem}")
-        return 0
-    if args.copy:
-        return copy_shipped(home, Path(args.copy).expanduser())
-    from hpc_agent.config.docs import reference_markdown
-
-    print(reference_markdown())
-    return 0
-
-
-def copy_shipped(home: Path, dest: Path) -> int:
-    import shutil
-
-    from hpc_agent import paths
-
-    # rglob: configs/profiles/ (the shipped cluster profiles) comes along, at the same place
-    pairs = [(file, dest / folder / file.relative_to(home / folder)) for folder in paths.FOLDERS
-             for file in sorted((home / folder).rglob("*.yaml"))]
-    existing = [str(target) for _, target in pairs if target.exists()]
-    if existing:
-        print(f"hpc-agent config: not copying, these files exist: {', '.join(existing)}", file=sys.stderr)
-        return exit_status.USAGE
-    for source, target in pairs:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
-    print(f"copied {len(pairs)} files from {home} to {dest}")
-    print(f"to use them by name (python -m hpc_agent.submit quickstart): export {paths.HOME_ENV}={dest.resolve()}")
-    return 0
 
 
 if __name__ == "__main__":

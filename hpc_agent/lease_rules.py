@@ -9,7 +9,7 @@ time, and a token unique to this take. The rules (:func:`judge`, a pure function
 - a heartbeat older than the staleness (:func:`stale_after_s`: max(3 x heartbeat interval, 60 s)), or a
   holder outside Slurm (``local-<host>-<pid>``) on this host whose pid is gone -> take it over;
 - a fresh lease of a *different* job -> watch it. A renewal (or a new take) seen while watching proves
-  a live holder: refuse (:class:`RunDirBusy`; ``launch/train.py`` exits with ``exitcodes.RUN_DIR_BUSY``).
+  a live holder: refuse (:class:`RunDirBusy`; ``launch/train.py`` exits with ``EXIT_RUN_DIR_BUSY``).
   No renewal for a whole staleness period (measured on our own monotonic clock, so a node whose clock
   runs ahead cannot keep a dead lease alive) -> take it over. A job that died without releasing (SIGKILL,
   node failure) therefore delays the next attempt by at most the staleness, and never stops it.

@@ -13,10 +13,10 @@ so a resumed attempt that finds the same file does not fire it again (unlike ``c
 tied to a step and replay when a resume goes back before it).
 
 - ``nan``: the loss of the next micro-step is NaN: an in-job rollback, or with no in-job retries left the job
-  exits 65 (``exitcodes.DIVERGED``).
+  exits 65 (``EXIT_DIVERGED``).
 - ``gpu_oom``: a CUDA-style ``torch.OutOfMemoryError`` from the next forward: an in-job repair takes the OOM
   ladder's next rung, or, with no in-job retries left (``resilience.in_job_retries``), the job exits 3
-  (``exitcodes.OUT_OF_MEMORY``).
+  (``EXIT_OUT_OF_MEMORY``).
 - ``host_oom``: rank 0 allocates and touches ``mb`` MB of host memory on a thread of its own, like a leak beside
   the training loop (a data worker, a cache): training goes on until the cgroup's OOM killer ends the process.
 - ``kill_during_save``: at the next checkpoint save, rank 0 stops after every rank's shards are on

@@ -162,22 +162,23 @@ def prepare(run_dir: str, config_path: str, workdir: Optional[str],
     from hpc_agent.config.load import load_snapshot
     from hpc_agent.config.problems import ConfigError
     from hpc_agent.paths import code_root
-    from launch import distributed, exitcodes, universal
+    from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG, EXIT_UNAVAILABLE
+    from launch import distributed, universal
     from launch.dsconfig import PrecisionUnavailable, resolve_precision
 
     try:
         cfg = load_snapshot(config_path)
     except ConfigError as exc:
-        say(f"invalid config snapshot {config_path}:\n{exc}\nexiting {exitcodes.CONFIG}")
-        return exitcodes.CONFIG, None
+        say(f"invalid config snapshot {config_path}:\n{exc}\nexiting {EXIT_CONFIG}")
+        return EXIT_CONFIG, None
     import torch  # only for the one fact the DeepSpeed config depends on: is there a GPU here
 
     on_cuda = torch.cuda.is_available()
     try:
         precision, note = resolve_precision(cfg.train.precision, on_cuda)
     except PrecisionUnavailable as exc:
-        say(f"{exc} Exiting {exitcodes.UNAVAILABLE}.")
-        return exitcodes.UNAVAILABLE, None
+        say(f"{exc} Exiting {EXIT_UNAVAILABLE}.")
+        return EXIT_UNAVAILABLE, None
     denv = distributed.detect()
     layout = universal.layout_of(cfg.train, denv.world_size, precision)
     resume = plan_resume(rundir.checkpoints_dir(Path(run_dir)), layout)
@@ -192,22 +193,22 @@ def prepare(run_dir: str, config_path: str, workdir: Optional[str],
         for line in [note, *launch.notes]:
             say(line)
     if resume.refused:
-        say(f"cannot resume: {resume.refused}; exiting {exitcodes.CONFIG}")
-        return exitcodes.CONFIG, None
+        say(f"cannot resume: {resume.refused}; exiting {EXIT_CONFIG}")
+        return EXIT_CONFIG, None
     atomic_write_json(launch.ds_config_path, launch.ds_config)
     return 0, launch
 
 
 def become(launch: Launch, local: bool) -> int:
     """Step 4: exec the command (never returns), or under the local executor run it as a forwarded child."""
-    from launch import exitcodes
+    from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG, EXIT_CRASHED
 
     if launch.cwd:
         try:
             os.chdir(launch.cwd)
         except OSError as exc:
-            say(f"cannot enter the submit directory {launch.cwd} ({exc}); exiting {exitcodes.CONFIG}")
-            return exitcodes.CONFIG
+            say(f"cannot enter the submit directory {launch.cwd} ({exc}); exiting {EXIT_CONFIG}")
+            return EXIT_CONFIG
     if launch.env.get("RANK") == "0":
         say(f"running {' '.join(launch.argv)} in {os.getcwd()}")
     sys.stdout.flush()
@@ -219,19 +220,19 @@ def become(launch: Launch, local: bool) -> int:
     try:
         os.execvpe(launch.argv[0], launch.argv, launch.env)
     except OSError as exc:
-        say(f"cannot run {launch.argv[0]!r}: {exc}; exiting {exitcodes.CRASHED}")
-        return exitcodes.CRASHED
-    return exitcodes.CRASHED  # not reached
+        say(f"cannot run {launch.argv[0]!r}: {exc}; exiting {EXIT_CRASHED}")
+        return EXIT_CRASHED
+    return EXIT_CRASHED  # not reached
 
 
 def _run_child(launch: Launch) -> int:
-    from launch import exitcodes
+    from hpc_agent.diagnosis.exit_codes import EXIT_CRASHED
 
     try:
         child = subprocess.Popen(launch.argv, env=launch.env)
     except OSError as exc:
-        say(f"cannot run {launch.argv[0]!r}: {exc}; exiting {exitcodes.CRASHED}")
-        return exitcodes.CRASHED
+        say(f"cannot run {launch.argv[0]!r}: {exc}; exiting {EXIT_CRASHED}")
+        return EXIT_CRASHED
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
     code = child.wait()

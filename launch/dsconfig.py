@@ -23,7 +23,7 @@ _NEVER = 2**31 - 1
 
 
 class PrecisionUnavailable(Exception):
-    """The requested precision cannot run on this machine (exit code ``exitcodes.UNAVAILABLE``)."""
+    """The requested precision cannot run on this machine (exit code ``EXIT_UNAVAILABLE``)."""
 
 
 def resolve_precision(requested: str, cuda_available: bool) -> Tuple[str, str]:

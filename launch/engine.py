@@ -18,8 +18,10 @@ from typing import Any, Dict, Optional, Tuple
 
 from hpc_agent import rundir
 from hpc_agent.checkpoints import tag_for
+from hpc_agent.diagnosis.exit_codes import (EXIT_CONFIG, EXIT_GPU_HEALTH_CRITICAL, EXIT_OK,
+                                            EXIT_SIGNALLED_AFTER_CHECKPOINT)
 from hpc_agent.metrics.tb_reader import TB_FLUSH_EVERY_S
-from launch import checkpoint, exitcodes, heartbeat, resume, universal
+from launch import checkpoint, heartbeat, resume, universal
 from launch.adaptive_loop import AdaptiveHolder, adapt
 from launch.chaos_trigger import RuntimeTrigger
 from launch.distributed import Collectives, DistEnv
@@ -114,21 +116,21 @@ class Trainer:
     def setup(self) -> int:
         """Build the workload and engine, resume if a checkpoint exists; returns an exit code (0 = go)."""
         code = self._build()
-        if code != exitcodes.OK or self.step >= self.t.max_steps:
+        if code != EXIT_OK or self.step >= self.t.max_steps:
             return code  # train() says so; no event file for an attempt that trains nothing
         self.tb = TBLog(self.run_dir, self.rank, self.step, self.config_text, flush_every_s=TB_FLUSH_EVERY_S)
         if self.rank == 0:
             say(f"attempt {self.tb.attempt}: training steps {self.step + 1}..{self.t.max_steps}, global batch "
                 f"{self.G} = {self.t.micro_batch_size} x {self.t.grad_accum_steps} x {self.world} ranks, "
                 f"ZeRO-{self.t.zero_stage}, {self.precision}, device {self.device}")
-        return exitcodes.OK
+        return EXIT_OK
 
     def _build(self) -> int:
         """The workload, the engine, and the newest usable checkpoint loaded (at start-up and after an in-job
         repair); an exit code (0 = go)."""
         import deepspeed
         import torch
-        from launch.workloads import build_workload
+        from launch.workloads.registry import build_workload
 
         seed_rng(self.t.seed)
         self.workload = build_workload(self.cfg, self.device)
@@ -140,7 +142,7 @@ class Trainer:
         choice = resume.choose(self.ckpt_root, self.rank, self.coll.broadcast_object, say)
         source = resume.prepare(self.ckpt_root, choice, self.layout, names, self.rank, self.coll.barrier, say)
         if source is None:  # the layout change cannot be honoured (said)
-            return exitcodes.CONFIG
+            return EXIT_CONFIG
 
         ds_config = build_ds_config(self.t, world_size=self.world, precision=self.precision,
                                     on_cuda=self.on_cuda, load_universal=source.converted)
@@ -164,16 +166,16 @@ class Trainer:
                 self.engine, source, self.t.lr, self.t.seed, self.rank, self.world, self.on_cuda, self.coll.barrier,
                 say, restore=None if self.adaptive is None else self.adaptive.restore)
         heartbeat.current().resumed_at(self.step)
-        return exitcodes.OK
+        return EXIT_OK
 
     # ---- train -------------------------------------------------------------------------------
     def train(self) -> int:
         if self.step >= self.t.max_steps:
             if self.rank == 0:
                 say(f"already trained {self.step} of {self.t.max_steps} steps: nothing to do")
-            return exitcodes.OK
+            return EXIT_OK
         if self._gpu_health(self.step, first=True):
-            return exitcodes.GPU_CRITICAL
+            return EXIT_GPU_HEALTH_CRITICAL
         while self.step < self.t.max_steps:  # an in-job repair moves self.step back to its checkpoint
             code = self._train_step(self.step + 1)
             if code is not None:
@@ -182,7 +184,7 @@ class Trainer:
         self._save()
         if self.rank == 0:
             say(f"done: {self.t.max_steps} steps")
-        return exitcodes.OK
+        return EXIT_OK
 
     def _train_step(self, step: int) -> Optional[int]:
         """One optimizer step (1-based); None to go on (also after an in-job repair), else the exit code."""
@@ -237,7 +239,7 @@ class Trainer:
         if step % t.log_every == 0 or step == t.max_steps:
             self._log(step, loss_mean, lr, grad_norm, elapsed)
         if self._gpu_health(step):
-            return exitcodes.GPU_CRITICAL
+            return EXIT_GPU_HEALTH_CRITICAL
         if t.eval_every and step % t.eval_every == 0 and step != t.max_steps:
             self._evaluate(step)
         if self.adaptive is not None:  # after the evaluation, before the checkpoint of this step
@@ -265,7 +267,7 @@ class Trainer:
         worst = self.coll.max_int(level)
         line = self.health.conclude(worst, reasons)
         if line:
-            say(line + (f"; exiting {exitcodes.GPU_CRITICAL} without a checkpoint" if worst >= 2 else ""))
+            say(line + (f"; exiting {EXIT_GPU_HEALTH_CRITICAL} without a checkpoint" if worst >= 2 else ""))
         return worst >= 2
 
     def _grad_norm(self) -> float:
@@ -359,8 +361,8 @@ class Trainer:
             what = f"checkpoint {tag_for(self.step)} complete"
         if self.rank == 0:
             say(f"signal {name} at step {self.step}: {what} in {time.perf_counter() - started:.1f}s; "
-                f"exiting {exitcodes.PREEMPTED}")
-        return exitcodes.PREEMPTED
+                f"exiting {EXIT_SIGNALLED_AFTER_CHECKPOINT}")
+        return EXIT_SIGNALLED_AFTER_CHECKPOINT
 
     def close(self) -> None:
         if self.tb is not None:

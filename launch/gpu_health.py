@@ -2,7 +2,7 @@
 
 Local rank 0 of each node reads the node's GPUs through NVML (``hpc_agent.health``), logs the readings
 to TensorBoard and judges them. The worst verdict is agreed on by all ranks (one all-reduce), so on
-CRITICAL every rank stops together with ``exitcodes.GPU_CRITICAL`` and the watcher can exclude the node
+CRITICAL every rank stops together with ``EXIT_GPU_HEALTH_CRITICAL`` and the watcher can exclude the node
 and resubmit. No checkpoint is written then: a GPU with uncorrectable memory errors may already have
 corrupted the state, and the last complete checkpoint is the safe point to resume from.
 

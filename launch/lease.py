@@ -2,7 +2,7 @@
 
 Global rank 0 takes ``<run dir>/train.lease`` after the rendezvous and before anything is written into
 the run directory, then broadcasts the outcome, so every rank returns the same exit code: another live
-job holding the lease ends this attempt with ``exitcodes.RUN_DIR_BUSY`` and one line on stderr that
+job holding the lease ends this attempt with ``EXIT_RUN_DIR_BUSY`` and one line on stderr that
 names the holder. While training, a daemon thread renews the heartbeat; the lease is released when
 training ends, whatever the exit code (a killed process leaves it to go stale, or to be taken over by
 the same job's requeued attempt).
@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
+from hpc_agent.diagnosis.exit_codes import EXIT_RUN_DIR_BUSY, EXIT_SIGNALLED_AFTER_CHECKPOINT
 from hpc_agent.lease_rules import TAKEOVER, LeaseWaitCancelled, RunDirBusy
 from hpc_agent.rundir import lease_path
 from hpc_agent.runlease import RunLease
-from launch import exitcodes
 from launch.signals import StopRequest
 
 OK, BUSY, SIGNALLED = "ok", "busy", "signalled"
@@ -45,12 +45,12 @@ def take(run_dir: Path, rank: int, broadcast: Callable[[Any], Any], stop: StopRe
     kind, line, signum = broadcast(outcome)
     if kind == BUSY:
         if rank == 0:
-            print(f"[hpc_agent] {line}; exiting {exitcodes.RUN_DIR_BUSY}", file=sys.stderr, flush=True)
-        return exitcodes.RUN_DIR_BUSY, None
+            print(f"[hpc_agent] {line}; exiting {EXIT_RUN_DIR_BUSY}", file=sys.stderr, flush=True)
+        return EXIT_RUN_DIR_BUSY, None
     if kind == SIGNALLED:
         if not stop.signum:
             stop.signum = signum
         if rank == 0:
-            say(f"signal {signum} while waiting for the run lease: nothing trained; exiting {exitcodes.PREEMPTED}")
-        return exitcodes.PREEMPTED, None
+            say(f"signal {signum} while waiting for the run lease: nothing trained; exiting {EXIT_SIGNALLED_AFTER_CHECKPOINT}")
+        return EXIT_SIGNALLED_AFTER_CHECKPOINT, None
     return None, lease

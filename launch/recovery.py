@@ -20,7 +20,7 @@ and an OOM in an NCCL call can wedge the communicator), or an OOM under ZeRO-3 i
 parameter gathers are collectives.
 
 When the budget is spent the job exits with the cause's exit code as before (OOM 3, NaN 65:
-``launch/exitcodes.py``); a spike or a loss-scale collapse then is only logged, as before. Each repair
+``hpc_agent/diagnosis/exit_codes.py``); a spike or a loss-scale collapse then is only logged, as before. Each repair
 appends a line to the run's in-job journal (rank 0, fsynced; format: ``hpc_agent.in_job``) and goes into
 the run's ``config.yaml`` (:func:`carry_into_config`), which every later job of the run loads (a
 hand-over successor, a watcher resubmission); a later attempt of the *same Slurm job* (a requeue) also starts with the patches its earlier
@@ -37,8 +37,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from hpc_agent import checkpoints, in_job, rundir
 from hpc_agent.adaptive import adaptation_reason
 from hpc_agent.diagnosis.causes import Cause
+from hpc_agent.diagnosis.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY
 from hpc_agent.metrics.divergence import LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS, detect, newest_loss_may_alarm
-from launch import exitcodes
 
 REPAIR, EXIT, CONTINUE = "repair", "exit", "continue"
 FAILED_BIT = 1 << 16  # above every signal number
@@ -55,7 +55,7 @@ SPIKE_REL_FLOOR = 0.05
 1e-3, is for review's markers). A rollback costs the steps since the checkpoint, so a spike must rise at least
 z_threshold x 5 % = 30 % above the trailing median: measured on the small CPU GPT at lr 1e-3, the default floor
 called ordinary noise of a very smooth loss a spike and rolled a healthy run back twice."""
-_EXIT_CODES = {Cause.GPU_OOM.value: exitcodes.OUT_OF_MEMORY, Cause.DIVERGED.value: exitcodes.DIVERGED}
+_EXIT_CODES = {Cause.GPU_OOM.value: EXIT_OUT_OF_MEMORY, Cause.DIVERGED.value: EXIT_DIVERGED}
 
 
 # --- pure: agreement, faults, plans -------------------------------------------------------------------
@@ -92,7 +92,7 @@ class Plan:
     reason: str
     patch: Dict[str, Any] = field(default_factory=dict)
     rollback_to_step: Optional[int] = None
-    exit_code: int = exitcodes.OK
+    exit_code: int = EXIT_OK
 
 
 def divergence_fault(losses: Sequence[Tuple[int, float]], scales: Sequence[Tuple[int, float]], step: int,
@@ -117,7 +117,7 @@ def plan(fault: Fault, cfg: Any, budget_left: int, budget: int, checkpoint_steps
 
     fatal = fault.cause == Cause.GPU_OOM.value or fault.kind == NAN_LOSS
     give_up = EXIT if fatal else CONTINUE
-    code = _EXIT_CODES[fault.cause] if fatal else exitcodes.OK
+    code = _EXIT_CODES[fault.cause] if fatal else EXIT_OK
     if budget_left <= 0:
         why = "in-job recovery is off" if budget <= 0 else f"in-job budget spent ({budget} of {budget})"
         return Plan(give_up, fault.cause, f"{why} (resilience.in_job_retries)", exit_code=code)
@@ -300,7 +300,7 @@ def repair_in_place(tr: Any, fault: Fault, loss: Optional[float] = None) -> Any:
     code = tr._build()
     tr.recovery.restarted_at(tr.step, tr.tb)
     heartbeat.current().phase("training")
-    return None if code == exitcodes.OK else code
+    return None if code == EXIT_OK else code
 
 
 def _free_memory(on_cuda: bool) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from hpc_agent.checkpoints import scan, select
-from launch import exitcodes, universal
+from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG
+from launch import universal
 from launch.recovery import adopt_configured_lr
 from launch.rng import seed as seed_rng, set_rng_state
 
@@ -44,7 +45,7 @@ def choose(ckpt_root: Path, rank: int, broadcast_object: Callable[[Any], Any],
 def prepare(ckpt_root: Path, choice: Optional[Dict[str, Any]], layout: Any, names: List[str], rank: int,
             barrier: Callable[[], None], say: Callable[[str], None]) -> Optional[Source]:
     """Plan the load of ``choice`` into an engine of ``layout``; converts to a universal checkpoint where needed.
-    None: the layout change cannot be honoured (said; the caller exits with ``exitcodes.CONFIG``)."""
+    None: the layout change cannot be honoured (said; the caller exits with ``EXIT_CONFIG``)."""
     if choice is None:
         return Source(ckpt_root)
     saved = choice["layout"] or layout  # a marker without a layout: assume it is ours
@@ -52,7 +53,7 @@ def prepare(ckpt_root: Path, choice: Optional[Dict[str, Any]], layout: Any, name
     if rank == 0:
         say(f"resume plan for {choice['name']}: {plan.mode}: {plan.reason}")
     if plan.mode == universal.REFUSE:
-        say(f"cannot resume: {plan.reason}; exiting {exitcodes.CONFIG}")
+        say(f"cannot resume: {plan.reason}; exiting {EXIT_CONFIG}")
         return None
     tag = choice["name"]
     if plan.mode not in (universal.UNIVERSAL, universal.FROM_STAGE0):

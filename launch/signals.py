@@ -14,7 +14,7 @@ rank stops all of them at the same point. The checkpoint then holds the state af
 *completed* optimizer step; a half-accumulated step is dropped and redone after the resume (same
 samples: the data position is the step number).
 
-Exit code 75 (``exitcodes.PREEMPTED``) means "a complete checkpoint exists; resume from it". What
+Exit code 75 (``EXIT_SIGNALLED_AFTER_CHECKPOINT``) means "a complete checkpoint exists; resume from it". What
 happens to the Slurm job after the save is :func:`hand_back_to_slurm`'s business; under hpc_agent's job
 script a SIGUSR2 rank exits 0 instead and the batch shell reports 75 (``hpc_agent/handback.py``).
 """

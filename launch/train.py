@@ -3,7 +3,7 @@
     python -m launch.train CONFIG_SNAPSHOT RUN_DIR
 
 Inside a job ``hpc_agent.job.TrainingJob`` calls :func:`main` in every task of the srun step. The
-return value is the exit code (table in ``launch/exitcodes.py`` and ``docs/exit_codes.md``). The work
+return value is the exit code (table in ``hpc_agent/diagnosis/exit_codes.py`` and ``docs/exit_codes.md``). The work
 itself is in ``launch/engine.py``; this file only wires the pieces and maps failures to exit codes.
 """
 from __future__ import annotations
@@ -13,7 +13,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from launch import console, exitcodes, heartbeat, startup
+from hpc_agent.diagnosis.exit_codes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_OUT_OF_MEMORY,
+                                            EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE)
+from launch import console, heartbeat, startup
 from launch.signals import StopRequest, hand_back_to_slurm
 
 
@@ -32,7 +34,7 @@ def main(config_path: str, run_dir: str) -> int:
     finally:
         heartbeat.stop()  # the final beat; ~2 ms, never waits on a dead file system (launch/heartbeat.py)
         stop.uninstall()
-    if code == exitcodes.PREEMPTED:
+    if code == EXIT_SIGNALLED_AFTER_CHECKPOINT:
         code = hand_back_to_slurm(stop.signum, say, lead_s=_signal_lead_s(config_path))
         if os.environ.get("SLURM_JOB_ID"):
             # The checkpoint is complete and Slurm has the job back; skip the interpreter's teardown (torch,
@@ -54,8 +56,8 @@ def _main(config_path: str, run_dir: str, stop: StopRequest) -> int:
     except (OpNotPrepared, MissingExtra) as exc:
         # Raised before the first collective on every rank alike (the comm op loads before the rendezvous),
         # so exiting here cannot leave a peer waiting. One line: log diagnosis shows it as the evidence.
-        say(f"environment problem: {exc}; exiting {exitcodes.ENVIRONMENT}")
-        return exitcodes.ENVIRONMENT
+        say(f"environment problem: {exc}; exiting {EXIT_ENVIRONMENT}")
+        return EXIT_ENVIRONMENT
 
 
 def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
@@ -65,8 +67,8 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
     try:
         cfg = load_snapshot(config_path)
     except ConfigError as exc:
-        say(f"invalid config snapshot {config_path}:\n{exc}\nexiting {exitcodes.CONFIG}")
-        return exitcodes.CONFIG
+        say(f"invalid config snapshot {config_path}:\n{exc}\nexiting {EXIT_CONFIG}")
+        return EXIT_CONFIG
     heartbeat.current().set_interval(cfg.resilience.heartbeat_s)
     startup.import_heavy_modules()  # ~1 s sooner with the garbage collector paused (launch/startup.py)
 
@@ -80,8 +82,8 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
     try:  # before the workload is imported: every attempt runs the code taken at submit
         snap = activate(cfg, Path(run_dir))
     except (OSError, ValueError) as exc:
-        say(f"code snapshot of {run_dir} unreadable ({exc}); submit again; exiting {exitcodes.CONFIG}")
-        return exitcodes.CONFIG
+        say(f"code snapshot of {run_dir} unreadable ({exc}); submit again; exiting {EXIT_CONFIG}")
+        return EXIT_CONFIG
     if snap is not None and denv.rank == 0:
         say(f"code snapshot {snap.get('path')} (sha256 {str(snap.get('sha256'))[:12]}, {snap.get('files')} files) "
             "first on the import path")
@@ -89,8 +91,8 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
     try:
         precision, note = resolve_precision(cfg.train.precision, on_cuda)
     except PrecisionUnavailable as exc:
-        say(f"{exc} Exiting {exitcodes.UNAVAILABLE}.")
-        return exitcodes.UNAVAILABLE
+        say(f"{exc} Exiting {EXIT_UNAVAILABLE}.")
+        return EXIT_UNAVAILABLE
     backend = distributed.init(denv, on_cuda)
     # One line per rank in the "[rank R/W] host=H" form that log diagnosis maps ranks to nodes with.
     print(f"[rank {denv.rank}/{denv.world_size}] host={os.environ.get('SLURMD_NODENAME') or os.uname().nodename} "
@@ -128,21 +130,21 @@ def _run(cfg, run_dir: str, denv, on_cuda: bool, precision: str, stop: StopReque
     phase = "start-up"
     try:
         code = trainer.setup()
-        if code == exitcodes.OK:
+        if code == EXIT_OK:
             phase = "training"
             code = trainer.train()
     except WorkloadError as exc:
         # train.workload names code that cannot be used: the same on every rank, and no retry can fix it.
-        say(f"workload problem: {exc.line()}; exiting {exitcodes.CONFIG}")
-        code = exitcodes.CONFIG
+        say(f"workload problem: {exc.line()}; exiting {EXIT_CONFIG}")
+        code = EXIT_CONFIG
     except torch.OutOfMemoryError:
         traceback.print_exc()
         say(f"out of memory at step {trainer.step + 1} during {phase} (micro_batch_size "
-            f"{cfg.train.micro_batch_size}, ZeRO-{cfg.train.zero_stage}); exiting {exitcodes.OUT_OF_MEMORY}")
-        code = exitcodes.OUT_OF_MEMORY
+            f"{cfg.train.micro_batch_size}, ZeRO-{cfg.train.zero_stage}); exiting {EXIT_OUT_OF_MEMORY}")
+        code = EXIT_OUT_OF_MEMORY
     finally:
         trainer.close()
-    if code in (exitcodes.OK, exitcodes.PREEMPTED, exitcodes.DIVERGED, exitcodes.CONFIG):
+    if code in (EXIT_OK, EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_DIVERGED, EXIT_CONFIG):
         # Every rank reached the same decision, so a clean teardown cannot hang. After an OOM or a
         # crash we skip it: a peer may be stuck in a collective.
         distributed.shutdown()
@@ -162,7 +164,7 @@ def cli(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m launch.train CONFIG_SNAPSHOT RUN_DIR", file=sys.stderr)
-        return exitcodes.CONFIG
+        return EXIT_CONFIG
     return main(argv[0], argv[1])
 
 

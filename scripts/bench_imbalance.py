@@ -68,7 +68,7 @@ def train_and_evaluate(cfg, steps: int, batch_size: int = 128, lr: float = 3e-3)
     """Build the workload, train ``steps`` AdamW steps on one process, return its eval metrics."""
     import torch
 
-    from launch.workloads import build_workload
+    from launch.workloads.registry import build_workload
 
     started = time.perf_counter()
     workload = build_workload(cfg)

@@ -11,9 +11,9 @@ import pytest
 
 from hpc_agent.adaptive import (ESCALATE_ROLLBACK, LR_DECAY, WARM_RESTART, Adaptation, ScheduleState, decide,
                                 restart_factor, scaled_factor, trim_history)
-from hpc_agent.config import ConfigError
 from hpc_agent.config.adaptive import AdaptiveConfig
 from hpc_agent.config.load import build_config
+from hpc_agent.config.problems import ConfigError
 from launch.schedule import lr_factor, lr_factor_adaptive, lr_factor_unscaled
 
 TOTAL, WARMUP, MIN_LR = 1000, 10, 0.1

@@ -231,15 +231,16 @@ def test_every_cause_has_words():
 
 
 def test_exit_code_table_agrees_with_launch():
-    """launch/exitcodes.py (torch-free constants) and the classifier's table name the same codes."""
-    from launch import exitcodes
+    """The codes the job exits with (``NAMES``, what launch/ uses) and the classifier's table are the same codes."""
+    from hpc_agent.diagnosis.exit_codes import (EXIT_CONFIG, EXIT_CRASHED, EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY,
+                                                EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE, NAMES)
 
-    produced = {code for code in exitcodes.NAMES if code != exitcodes.OK}
+    produced = {code for code in NAMES if code != EXIT_OK}
     assert produced == {code for code, m in EXIT_CODES.items() if not m.placeholder}
-    assert EXIT_CODES[exitcodes.OUT_OF_MEMORY].cause == Cause.GPU_OOM
-    assert EXIT_CODES[exitcodes.DIVERGED].cause == Cause.DIVERGED
-    assert EXIT_CODES[exitcodes.PREEMPTED].cause == Cause.TIMEOUT  # FAILED 75: SIGUSR2 (PREEMPTED/CANCELLED come first)
-    assert {EXIT_CODES[c].cause for c in (exitcodes.CRASHED, exitcodes.CONFIG, exitcodes.UNAVAILABLE)} == {Cause.CODE_ERROR}
+    assert EXIT_CODES[EXIT_OUT_OF_MEMORY].cause == Cause.GPU_OOM
+    assert EXIT_CODES[EXIT_DIVERGED].cause == Cause.DIVERGED
+    assert EXIT_CODES[EXIT_SIGNALLED_AFTER_CHECKPOINT].cause == Cause.TIMEOUT  # FAILED 75: SIGUSR2 (PREEMPTED/CANCELLED come first)
+    assert {EXIT_CODES[c].cause for c in (EXIT_CRASHED, EXIT_CONFIG, EXIT_UNAVAILABLE)} == {Cause.CODE_ERROR}
     assert not set(EXIT_CODES) & ({2, 125, 126, 127} | set(range(129, 160)))  # shell/argparse/signal codes
     assert as_table()[82] == {"cause": "gpu_hw_error", "meaning": EXIT_CODES[82].meaning, "placeholder": False}
     assert cause_for_exit(0, 125).cause == Cause.HOST_OOM  # Slurm's OOM marker

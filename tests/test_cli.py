@@ -33,4 +33,4 @@ def test_every_config_field_has_a_docstring():
 
 def test_config_reference_page_is_current():
     page = (REPO / "docs" / "config.md").read_text()
-    assert reference_markdown().strip() in page, "regenerate with: python -m hpc_agent.config.docs --update-docs"
+    assert reference_markdown().strip() in page, "regenerate with: python -m hpc_agent.config --update-docs"

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_agent.config import ConfigError
 from hpc_agent.config.fields import field_problem
 from hpc_agent.config.load import build_config, load_config, load_snapshot, load_snapshot_text, to_yaml
+from hpc_agent.config.problems import ConfigError
 
 
 def problems_of(*overrides: str, config: str = "quickstart") -> dict:

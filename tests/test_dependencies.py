@@ -175,7 +175,7 @@ def test_classifier_without_tabular_extra_names_the_extra(method, blocked, distr
     code = f"""
 from hpc_agent.config.load import build_config
 from hpc_agent.extras import MissingExtra
-from launch.workloads import build_workload
+from launch.workloads.registry import build_workload
 cfg = build_config([{{"train": {{"workload": "classifier"}}, "data": {{"num_samples": 200, "imbalance_method": "{method}"}}}}])
 try:
     build_workload(cfg)
@@ -193,7 +193,7 @@ except MissingExtra as exc:
 
 def test_gpt_workload_needs_no_extra():
     result = run_without_extras("from hpc_agent.config.load import build_config\n"
-                                "from launch.workloads import build_workload\n"
+                                "from launch.workloads.registry import build_workload\n"
                                 "cfg = build_config([{'train': {'workload': 'gpt'}, 'model': {'n_layers': 1, "
                                 "'d_model': 32, 'n_heads': 2, 'seq_len': 16}}])\n"
                                 "print(type(build_workload(cfg)).__name__)")

@@ -125,7 +125,7 @@ def test_config_reference_page_is_current(tmp_path):
 
     page = DOCS / "config.md"
     assert reference_markdown().strip() in page.read_text(encoding="utf-8"), (
-        "docs/config.md's reference is stale: paste the output of python -m hpc_agent.config.docs")
+        "docs/config.md's reference is stale: run python -m hpc_agent.config --update-docs")
     # The generator's in-place updater finds the section in the page (a "## " heading follows it).
     copy = tmp_path / "config.md"
     shutil.copy(page, copy)

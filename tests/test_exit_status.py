@@ -58,10 +58,6 @@ class Env:
 
 
 def main_of(command: str) -> Callable:
-    if command == "config":
-        from hpc_agent.__main__ import config_command
-
-        return config_command
     import importlib
 
     module = importlib.import_module(f"hpc_agent.{command}")
@@ -207,9 +203,9 @@ def init_conflict(e: Env) -> List[str]:
 
 
 def config_conflict(e: Env) -> List[str]:
-    from hpc_agent.__main__ import config_command
+    from hpc_agent.config.__main__ import main
 
-    assert config_command(["--copy", str(e.tmp / "copy")]) == 0
+    assert main(["--copy", str(e.tmp / "copy")]) == 0
     return ["--copy", str(e.tmp / "copy")]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers.common import expect, losses, run, snapshot, start
-from launch import exitcodes
+from hpc_agent.diagnosis.exit_codes import EXIT_CRASHED, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY
 from launch.faults import _HELD, Faults
 
 
@@ -58,13 +58,13 @@ def test_host_alloc_only_on_rank0():
 
 
 @pytest.mark.parametrize("fault,code,needles", [
-    ({"oom_above_micro_batch": 2}, exitcodes.OUT_OF_MEMORY,
+    ({"oom_above_micro_batch": 2}, EXIT_OUT_OF_MEMORY,
      ["fault: out of memory in forward", "torch.OutOfMemoryError: CUDA out of memory",
-      f"out of memory at step 1 during training (micro_batch_size 4, ZeRO-1); exiting {exitcodes.OUT_OF_MEMORY}"]),
-    ({"nan_at_step": 2, "host_alloc_mb": 32, "host_alloc_step": 1}, exitcodes.DIVERGED,
+      f"out of memory at step 1 during training (micro_batch_size 4, ZeRO-1); exiting {EXIT_OUT_OF_MEMORY}"]),
+    ({"nan_at_step": 2, "host_alloc_mb": 32, "host_alloc_step": 1}, EXIT_DIVERGED,
      ["fault: allocating and touching 32 MB", "fault: making the loss NaN at step 2",
-      f"diverged: loss is nan at step 2; no checkpoint written; exiting {exitcodes.DIVERGED}"]),
-    ({"error_at_step": 2}, exitcodes.CRASHED,
+      f"diverged: loss is nan at step 2; no checkpoint written; exiting {EXIT_DIVERGED}"]),
+    ({"error_at_step": 2}, EXIT_CRASHED,
      ["fault: raising an error (a code bug) at step 2", "RuntimeError: injected code bug at step 2"]),
 ])
 def test_fault_exit_codes(tmp_path, fault, code, needles):
@@ -73,7 +73,7 @@ def test_fault_exit_codes(tmp_path, fault, code, needles):
                    resilience={"in_job_retries": 0})
     result = run(cfg, tmp_path / "run")
     expect(result, code, *needles)
-    if code == exitcodes.DIVERGED:
+    if code == EXIT_DIVERGED:
         assert sorted(losses(result.stdout)) == [1]
         assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))
 

@@ -20,7 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from helpers.common import REPO, env_for, expect, losses, run, snapshot, start, tb_scalars, wait_for  # noqa: E402
-from launch import exitcodes  # noqa: E402
+from hpc_agent.diagnosis.exit_codes import EXIT_OUT_OF_MEMORY
+from hpc_agent.diagnosis.exit_codes import EXIT_ENVIRONMENT  # noqa: E402
 from hpc_agent.checkpoints import MARKER, tag_for  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -92,7 +93,7 @@ def test_fp16_zero_offload_optimizer_on_the_cpu_trains_and_resumes(tmp_path):
     cfg = fp16_config(tmp_path, "offload", offload="optimizer", zero_stage=2, max_steps=30, ckpt_every=15)
     run_dir = tmp_path / "run"
     straight = run(cfg, run_dir, timeout=300)
-    if straight.returncode == exitcodes.ENVIRONMENT and "cpu_adam" in straight.stdout:
+    if straight.returncode == EXIT_ENVIRONMENT and "cpu_adam" in straight.stdout:
         pytest.skip("DeepSpeed's cpu_adam op is not prepared here (python -m hpc_agent.prepare could not build it)")
     want = assert_trained_in_fp16(straight, run_dir, 30)
     marker = json.loads((run_dir / "checkpoints" / tag_for(30) / MARKER).read_text())
@@ -132,7 +133,7 @@ def test_real_cuda_oom_is_diagnosed_with_the_gpu_capacity(tmp_path):
                                                  "max_steps": 2, "ckpt_every": 100, "activation_checkpointing": False},
                    model={"n_layers": 4, "d_model": 1024, "n_heads": 16, "seq_len": 1024}, slurm=GPU)
     result = run(cfg, tmp_path / "run", timeout=300)
-    expect(result, exitcodes.OUT_OF_MEMORY, "CUDA out of memory")
+    expect(result, EXIT_OUT_OF_MEMORY, "CUDA out of memory")
     findings = scan_logs([LogText("rank0.log", result.stdout)])
     assert any(f.cause == Cause.GPU_OOM for f in findings), findings
     total = torch.cuda.get_device_properties(0).total_memory

@@ -12,10 +12,10 @@ from helpers.common import run_ranks, snapshot
 from hpc_agent import in_job, rundir
 from hpc_agent.adaptive import adaptation_kind, adaptation_reason
 from hpc_agent.config.load import build_config, load_run_config
+from hpc_agent.diagnosis.exit_codes import EXIT_DIVERGED, EXIT_OUT_OF_MEMORY
 from hpc_agent.in_job_ingest import InJobIngest, audit_record
 from hpc_agent.journal import Journal
 from hpc_agent.ledger import Ledger
-from launch import exitcodes
 from launch.recovery import (CONTINUE, EXIT, REPAIR, Fault, agree, carried_patch, carry_into_config, divergence_fault,
                              plan)
 
@@ -35,15 +35,15 @@ SPIKE = Fault("diverged", 30, "loss_spike", "spike", divergence_step=29)
     (OOM, {}, 2, 2, (), REPAIR, {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}, None, 0),
     (OOM, {"micro_batch_size": 6}, 1, 2, (), REPAIR, {"train.micro_batch_size": 3, "train.grad_accum_steps": 2},
      None, 0),
-    (OOM, {}, 0, 2, (), EXIT, {}, None, exitcodes.OUT_OF_MEMORY),      # budget spent
-    (OOM, {}, 0, 0, (), EXIT, {}, None, exitcodes.OUT_OF_MEMORY),      # recovery off
+    (OOM, {}, 0, 2, (), EXIT, {}, None, EXIT_OUT_OF_MEMORY),      # budget spent
+    (OOM, {}, 0, 0, (), EXIT, {}, None, EXIT_OUT_OF_MEMORY),      # recovery off
     (OOM, {"micro_batch_size": 1, "activation_checkpointing": False}, 2, 2, (), REPAIR,
      {"train.activation_checkpointing": True}, None, 0),
     (OOM, {"micro_batch_size": 1, "activation_checkpointing": True, "zero_stage": 3, "offload": "optimizer+params"},
-     2, 2, (), EXIT, {}, None, exitcodes.OUT_OF_MEMORY),              # the ladder is exhausted
+     2, 2, (), EXIT, {}, None, EXIT_OUT_OF_MEMORY),              # the ladder is exhausted
     (NAN, {}, 2, 2, (2, 4, 6), REPAIR, {"train.lr": 5e-4}, 4, 0),    # newest checkpoint before the NaN
     (NAN, {}, 2, 2, (6,), REPAIR, {"train.lr": 5e-4}, 0, 0),         # none before it: start over
-    (NAN, {}, 0, 2, (2, 4), EXIT, {}, None, exitcodes.DIVERGED),
+    (NAN, {}, 0, 2, (2, 4), EXIT, {}, None, EXIT_DIVERGED),
     (SPIKE, {}, 1, 2, (10, 20, 30), REPAIR, {"train.lr": 5e-4}, 20, 0),
     (SPIKE, {}, 0, 2, (10, 20), CONTINUE, {}, None, 0),              # as before: a spike alone never stops a job
 ])
@@ -66,7 +66,7 @@ def test_with_placement_auto_an_oom_is_left_to_the_watcher_and_a_nan_still_repai
     cfg = build_config([{"train": {"workload": "gpt", "micro_batch_size": 4}, "slurm": {"tasks_per_node": 2},
                          "placement": {"mode": "auto"}}])
     p = plan(OOM, cfg, 2, 2)
-    assert (p.action, p.exit_code) == (EXIT, exitcodes.OUT_OF_MEMORY) and "watcher weighs a partition" in p.reason
+    assert (p.action, p.exit_code) == (EXIT, EXIT_OUT_OF_MEMORY) and "watcher weighs a partition" in p.reason
     assert plan(NAN, cfg, 2, 2, (2, 4, 6)).action == REPAIR
 
 
@@ -320,9 +320,9 @@ def test_two_ranks_roll_back_an_injected_nan_with_a_lower_lr(tmp_path):
 def test_budget_zero_exits_with_the_old_exit_code(tmp_path):
     run_dir, results = _two_ranks(tmp_path, {"oom_above_micro_batch": 2}, retries=0)
     for r in results:
-        assert r.returncode == exitcodes.OUT_OF_MEMORY, r.stdout[-4000:]
+        assert r.returncode == EXIT_OUT_OF_MEMORY, r.stdout[-4000:]
         assert f"out of memory at step 1 during training (micro_batch_size 4, ZeRO-1); exiting " \
-               f"{exitcodes.OUT_OF_MEMORY}" in r.stdout
+               f"{EXIT_OUT_OF_MEMORY}" in r.stdout
     assert not rundir.in_job_journal_path(run_dir).exists()
 
 

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CLI_MODULES = {"hpc_agent.submit", "hpc_agent.watch", "hpc_agent.diagnose", "hpc_agent.review", "hpc_agent.doctor",
                "hpc_agent.prepare", "hpc_agent.__main__", "hpc_agent.sweep.__main__", "hpc_agent.chaos.__main__",
-               "hpc_agent.config.docs"}
+               "hpc_agent.config.__main__"}
 PURE_CORE = {"hpc_agent.follow", "hpc_agent.follow_model", "hpc_agent.lifecycle", "hpc_agent.policy", "hpc_agent.memory",
              "hpc_agent.job_match", "hpc_agent.slurm.sacct", "hpc_agent.slurm.sacct_read", "hpc_agent.slurm.sacct_json",
              "hpc_agent.slurm.hostlist", "hpc_agent.slurm.attempt_cache", "hpc_agent.heartbeat",

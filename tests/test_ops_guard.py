@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers.common import expect, run, snapshot
+from hpc_agent.diagnosis.exit_codes import EXIT_ENVIRONMENT
 from hpc_agent.ops_cache import MANIFEST, OPS_DIR_ENV, ops_dir, runtime_dir
-from launch import exitcodes
 from tests.conftest import REPO, run_cli
 
 SHM_OP = "deepspeed_shm_comm"  # what every DeepSpeed job on the CPU accelerator loads at init_distributed
@@ -73,8 +73,8 @@ def test_training_exits_72_when_an_op_is_not_prepared(tmp_path, monkeypatch, pre
     cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 2})
     started = time.monotonic()
     result = run(cfg, tmp_path / "run", timeout=120)
-    expect(result, exitcodes.ENVIRONMENT, "[hpc_agent] environment problem: DeepSpeed op", "-m hpc_agent.prepare",
-           f"exiting {exitcodes.ENVIRONMENT}")
+    expect(result, EXIT_ENVIRONMENT, "[hpc_agent] environment problem: DeepSpeed op", "-m hpc_agent.prepare",
+           f"exiting {EXIT_ENVIRONMENT}")
     assert time.monotonic() - started < 60
     assert "Traceback" not in result.stdout
     assert not (tmp_path / "torch_extensions").exists()
@@ -88,7 +88,7 @@ def test_training_exits_72_when_an_extra_is_missing(tmp_path, monkeypatch, prepa
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     cfg = snapshot(tmp_path / "cfg.yaml", train={"workload": "classifier", "max_steps": 2})
     result = run(cfg, tmp_path / "run", timeout=120)
-    expect(result, exitcodes.ENVIRONMENT, "[hpc_agent] environment problem:", "pip install 'hpc_agent[tabular]'")
+    expect(result, EXIT_ENVIRONMENT, "[hpc_agent] environment problem:", "pip install 'hpc_agent[tabular]'")
     assert "Traceback" not in result.stdout
 
 

@@ -8,7 +8,8 @@ from helpers.common import expect, losses, run, snapshot, start, tb_scalars, wai
 from hpc_agent import in_job
 from hpc_agent.adaptive import adaptation_kind
 from hpc_agent.checkpoints import MARKER, tag_for
-from launch import exitcodes, universal
+from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG
+from launch import universal
 
 # Issue 21: the exact-resume tests also run with the adaptive LR schedule on, set to adapt often (a plateau of
 # the training loss is any 3 log points that do not beat the best before by 90 %), so warm restarts fall before
@@ -178,5 +179,5 @@ def test_global_batch_change_is_refused(tmp_path):
     expect(run(snapshot(tmp_path / "a.yaml", train={"max_steps": 3, "ckpt_every": 3}), run_dir), 0)
     changed = snapshot(tmp_path / "b.yaml", train={"max_steps": 6, "ckpt_every": 3, "micro_batch_size": 2})
     result = run(changed, run_dir)
-    expect(result, exitcodes.CONFIG, "cannot resume: ", "global batch changed from 4", f"exiting {exitcodes.CONFIG}")
+    expect(result, EXIT_CONFIG, "cannot resume: ", "global batch changed from 4", f"exiting {EXIT_CONFIG}")
     assert "Traceback" not in result.stdout

@@ -350,14 +350,13 @@ def test_concurrent_takers_only_one_wins(tmp_path, no_flock):
 def test_refusal_is_exit_73_cause_run_dir_busy_and_the_watcher_stops():
     from hpc_agent.config.schema import Config
     from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
-    from hpc_agent.diagnosis.exit_codes import EXIT_CODES, EXIT_RUN_DIR_BUSY, announced_exit_code
-    from hpc_agent.rundir import LogText
+    from hpc_agent.diagnosis.exit_codes import EXIT_CODES, EXIT_RUN_DIR_BUSY, NAMES, announced_exit_code
     from hpc_agent.diagnosis.logscan import scan_logs
     from hpc_agent.policy import STOP, decide
-    from launch import exitcodes
+    from hpc_agent.rundir import LogText
 
-    assert exitcodes.RUN_DIR_BUSY == EXIT_RUN_DIR_BUSY == 73
-    assert exitcodes.NAMES[73] == "run_dir_busy"
+    assert EXIT_RUN_DIR_BUSY == 73
+    assert NAMES[73] == "run_dir_busy"
     assert EXIT_CODES[73].cause == Cause.RUN_DIR_BUSY == "run_dir_busy" and not EXIT_CODES[73].placeholder
     assert "run_dir_busy" in SUMMARY and "run_dir_busy" in ADVICE
     decision = decide("run_dir_busy", [], Config())

@@ -10,7 +10,7 @@ import pytest
 
 from helpers.common import expect, losses, run, run_ranks, snapshot, start, tb_scalars
 from hpc_agent.checkpoints import MARKER, scan, select, tag_for
-from launch import exitcodes
+from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG, EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE
 from launch.distributed import free_port
 
 
@@ -29,8 +29,8 @@ def test_fp16_on_cpu_is_a_clear_error(tmp_path):
     # The schema refuses fp16 with gpus_per_node=0, so ask for a GPU that this machine does not have.
     cfg = snapshot(tmp_path / "cfg.yaml", train={"precision": "fp16"}, slurm={"gpus_per_node": 1})
     result = run(cfg, tmp_path / "run")
-    expect(result, exitcodes.UNAVAILABLE, "train.precision=fp16 needs a CUDA GPU",
-           f"Exiting {exitcodes.UNAVAILABLE}.")
+    expect(result, EXIT_UNAVAILABLE, "train.precision=fp16 needs a CUDA GPU",
+           f"Exiting {EXIT_UNAVAILABLE}.")
     assert "Traceback" not in result.stdout
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -39,7 +39,7 @@ def test_invalid_snapshot_exits_with_config_code(tmp_path):
     bad = tmp_path / "cfg.yaml"
     bad.write_text("train:\n  max_steps: -1\n")
     result = run(bad, tmp_path / "run")
-    expect(result, exitcodes.CONFIG, "train.max_steps", f"exiting {exitcodes.CONFIG}")
+    expect(result, EXIT_CONFIG, "train.max_steps", f"exiting {EXIT_CONFIG}")
 
 
 def test_tensorboard_scalars(tmp_path):
@@ -109,7 +109,7 @@ def test_sigterm_on_two_ranks_saves_and_exits_75_then_resumes_on_one(tmp_path):
         proc.wait(timeout=60)
     took = time.monotonic() - sent
     logs = [Path(p.log_path).read_text() for p in procs]
-    assert [p.returncode for p in procs] == [exitcodes.PREEMPTED] * 2, logs[0][-3000:]
+    assert [p.returncode for p in procs] == [EXIT_SIGNALLED_AFTER_CHECKPOINT] * 2, logs[0][-3000:]
     assert took < 30, f"took {took:.1f}s: over the 30 s GraceTime"
     match = re.search(r"signal SIGTERM at step (\d+): checkpoint (step_\d+) complete in [\d.]+s; exiting 75", logs[0])
     assert match, logs[0][-3000:]
@@ -140,7 +140,7 @@ def test_sigusr2_mid_accumulation_saves_last_complete_step(tmp_path):
     proc.send_signal(signal.SIGUSR2)
     proc.wait(timeout=60)
     log = Path(proc.log_path).read_text()
-    assert proc.returncode == exitcodes.PREEMPTED, log[-3000:]
+    assert proc.returncode == EXIT_SIGNALLED_AFTER_CHECKPOINT, log[-3000:]
     match = re.search(r"signal SIGUSR2 at step (\d+): checkpoint step_\d+ complete", log)
     assert match, log[-3000:]
     step = int(match.group(1))

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from hpc_agent.config.load import build_config, load_config
-from launch.workloads import Workload, build_workload, sampling
+from launch.workloads import sampling
+from launch.workloads.common import Workload
 from launch.workloads.gpt import ByteGPT, gpt_param_count
+from launch.workloads.registry import build_workload
 
 SMALL_GPT = {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 32}
 SMALL_DATA = {"num_samples": 3000, "num_features": 16}

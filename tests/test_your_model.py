@@ -14,9 +14,10 @@ import torch
 
 from helpers.common import expect, run, snapshot
 from hpc_agent.config.load import build_config
+from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG
 from hpc_agent.preflight import SKIP, memory_verdict
-from launch import exitcodes
-from launch.workloads import Workload, build_workload
+from launch.workloads.common import Workload
+from launch.workloads.registry import build_workload
 from launch.workloads.user import WorkloadError
 from tests.conftest import run_cli
 from tests.helpers.doc_example import example_code, write_package
@@ -114,8 +115,8 @@ def test_login_node_memory_check_skips_your_own_model():
 def test_job_exits_78_with_one_line_for_a_bad_workload(tmp_path):
     cfg = snapshot(tmp_path / "cfg.yaml", train={"workload": "absent_pkg_xyz.model:build", "max_steps": 2})
     result = run(cfg, tmp_path / "run")
-    expect(result, exitcodes.CONFIG, "[hpc_agent] workload problem: train.workload: got 'absent_pkg_xyz.model:build'",
-           f"exiting {exitcodes.CONFIG}")
+    expect(result, EXIT_CONFIG, "[hpc_agent] workload problem: train.workload: got 'absent_pkg_xyz.model:build'",
+           f"exiting {EXIT_CONFIG}")
     assert "Traceback" not in result.stdout
 
 

@@ -1,7 +1,7 @@
 """The config reference, generated from the schema's field docstrings.
 
-``python -m hpc_agent.config.docs`` prints it as Markdown; the reference section of ``docs/config.md``
-is this output (a test keeps the two in sync; ``--update-docs`` rewrites it).
+``hpc-agent config`` (``python -m hpc_agent.config``) prints it as Markdown; the reference section of
+``docs/config.md`` is this output (a test keeps the two in sync; ``hpc-agent config --update-docs`` rewrites it).
 """
 from __future__ import annotations
 
@@ -57,13 +57,3 @@ def update_readme(readme: Path) -> bool:
     if new != text:
         readme.write_text(new)
     return new != text
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] in (["--update-docs"], ["--update-readme"]):
-        target = Path(__file__).resolve().parents[2] / "docs" / "config.md"
-        print(f"{target}: {'updated' if update_readme(target) else 'already current'}")
-    else:
-        print(reference_markdown())

@@ -7,7 +7,7 @@ that problems from all sections (plus type and unknown-key errors) are reported
 together.
 
 The field docstrings (string literals right after a field) are read by
-``hpc_agent.config.docs`` to print the config reference.
+``hpc_agent.config.docs`` for the config reference (``hpc-agent config``).
 """
 from __future__ import annotations
 

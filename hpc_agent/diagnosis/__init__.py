@@ -6,11 +6,3 @@
 - ``alarms``: TensorBoard scalar series -> NaN/inf loss and loss-scale alarms;
 - ``classify``: all of it -> a ``Diagnosis`` per attempt (root cause across ranks).
 """
-from hpc_agent.diagnosis.alarms import alarms_from_scalars
-from hpc_agent.diagnosis.causes import ALL_CAUSES, Cause
-from hpc_agent.diagnosis.classify import Diagnosis, classify_attempt, classify_job
-from hpc_agent.metrics.divergence import Alarm
-from hpc_agent.rundir import LogText
-
-__all__ = ["Alarm", "alarms_from_scalars", "ALL_CAUSES", "Cause", "Diagnosis", "classify_attempt", "classify_job",
-           "LogText"]

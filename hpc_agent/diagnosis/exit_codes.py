@@ -1,7 +1,7 @@
 """Exit codes of the training job that name their own cause: the one table to align with ``launch/``.
 
 The training process (``python -m launch.train``, run by srun in every task) says why it stopped by its
-exit status (``launch/exitcodes.py``, ``docs/exit_codes.md``); sacct reports it in ExitCode (``65:0``) on
+exit status (``docs/exit_codes.md``); sacct reports it in ExitCode (``65:0``) on
 the ``.0`` step, and the batch script passes it on to the allocation row. It also prints the code in
 its last line (``[hpc_agent] ... exiting 65``), which :func:`announced_exit_code` reads, because the
 status can be lost on the way (a wrapper that exits 0, a step killed afterwards).
@@ -11,10 +11,10 @@ rank failed first, an exit status only says how one process ended. The Slurm sta
 a job that exits 75 after SIGTERM is PREEMPTED (or CANCELLED by a person) in sacct, so 75 seen with
 FAILED means SIGUSR2, the time-limit warning.
 
-This module is the one exit-code table: ``launch/exitcodes.py`` (the job's side) imports its numbers
-and names from here, so the two cannot drift. Adding a code: one ``EXIT_*`` constant and one
-``ExitCodeMeaning`` row in ``_TABLE`` (with its short ``name``), then the alias in ``launch/exitcodes.py``
-and a row in ``docs/exit_codes.md``. Pure, torch-free.
+This module is the one exit-code table: the job's side (``launch/``) exits with these ``EXIT_*`` constants,
+imported from here, so the two cannot drift. Adding a code: one ``EXIT_*`` constant and one
+``ExitCodeMeaning`` row in ``_TABLE`` (with its short ``name``), then a row in ``docs/exit_codes.md``.
+Pure, torch-free.
 
 ``placeholder=True`` marks a proposal that ``launch/`` does not produce yet.
 """
@@ -76,7 +76,7 @@ _TABLE: Tuple[ExitCodeMeaning, ...] = (
 EXIT_CODES: Mapping[int, ExitCodeMeaning] = {m.code: m for m in _TABLE}
 
 NAMES: Mapping[int, str] = {EXIT_OK: "ok", **{m.code: m.name for m in _TABLE if not m.placeholder}}
-"""Every code the training job exits with -> its short name (``launch.exitcodes.NAMES``)."""
+"""Every code the training job exits with -> its short name."""
 
 # 0:125 in sacct is not an exit status: Slurm records signal field 125 for steps the cgroup OOM
 # killer hit (the state is then OUT_OF_MEMORY).

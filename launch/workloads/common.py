@@ -1,12 +1,33 @@
-"""Small helpers shared by the workloads."""
+"""What the workloads share: the :class:`Workload` protocol the engine talks to, and small helpers."""
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Dict, Iterator, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 M = TypeVar("M", bound=torch.nn.Module)
+
+
+@runtime_checkable
+class Workload(Protocol):
+    model: torch.nn.Module
+    """Fresh model, deterministic given cfg.train.seed."""
+
+    tokens_per_sample: int
+    """Tokens in one sample, for tokens/s: gpt seq_len, classifier 1."""
+
+    def batch(self, start: int, count: int) -> Dict[str, torch.Tensor]:
+        """Samples start .. start+count-1 of the deterministic global sample stream."""
+        ...
+
+    def loss(self, model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Scalar mean training loss (class weights / MixUp included as configured)."""
+        ...
+
+    def evaluate(self, model: torch.nn.Module) -> Dict[str, float]:
+        """Held-out metrics, e.g. {"eval/loss": ...}."""
+        ...
 
 
 def seeded_module(seed: int, build: Callable[[], M]) -> M:

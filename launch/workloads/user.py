@@ -58,7 +58,7 @@ def check_workload(ref: str, workload: Any) -> None:
     """Raise WorkloadError unless ``workload`` follows the protocol (names every missing member)."""
     import torch
 
-    from launch.workloads import Workload
+    from launch.workloads.common import Workload
 
     missing = [name for name in ("model", "tokens_per_sample", "batch", "loss", "evaluate")
                if not hasattr(workload, name)]

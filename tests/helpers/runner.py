@@ -1,5 +1,5 @@
 """``python tests/helpers/runner.py CONFIG RUN_DIR``: ``launch.train`` with the real workloads, or the
-stand-in of ``standin_workload.py`` when ``launch.workloads`` is not importable (or
+stand-in of ``standin_workload.py`` (as ``launch.workloads.registry``) when the workloads are not importable (or
 ``HPC_AGENT_TEST_STANDIN=1``)."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def _install_standin() -> None:
-    spec = importlib.util.spec_from_file_location("launch.workloads", HERE / "standin_workload.py")
+    spec = importlib.util.spec_from_file_location("launch.workloads.registry", HERE / "standin_workload.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sys.modules["launch.workloads"] = module
+    sys.modules["launch.workloads.registry"] = module
 
 
 if __name__ == "__main__":
@@ -24,7 +24,7 @@ if __name__ == "__main__":
         _install_standin()
     else:
         try:
-            import launch.workloads  # noqa: F401
+            import launch.workloads.registry  # noqa: F401
         except ImportError:
             _install_standin()
     from launch.train import cli

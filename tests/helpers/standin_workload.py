@@ -1,4 +1,4 @@
-"""A tiny stand-in for ``launch.workloads`` (used only when the real package cannot be imported).
+"""A tiny stand-in for ``launch.workloads.registry`` (used only when the real workloads cannot be imported).
 
 Same interface: ``build_workload(cfg, device)`` -> object with ``model``, ``tokens_per_sample``,
 ``batch(start, count)``, ``loss(model, batch)``, ``evaluate(model)``. Byte-level next-token
