@@ -6,8 +6,8 @@ import importlib.util
 import sys
 from typing import List, Optional
 
-from hpc_agent import exit_status
-from hpc_agent.extras import MissingExtra
+from hpc_agent.cli import exit_status
+from hpc_agent.core.extras import MissingExtra
 
 COMMANDS = {
     "submit": "validate a config and submit it to Slurm (or run it locally)",
@@ -45,7 +45,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(_usage())
         return exit_status.OK
     if argv[0] == "--version":
-        from hpc_agent.cli_common import version_line
+        from hpc_agent.cli.flags import version_line
 
         print(version_line())
         return exit_status.OK

@@ -22,22 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent import exit_status, remote, rundir
-from hpc_agent.cli_common import add_common_arguments, configure
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.config.load import RUNS_ENV, load_run_config, patch_as_overrides
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.schema import Config
+from hpc_agent.core import rundir
+from hpc_agent.core.causes import ADVICE, SUMMARY, Cause
+from hpc_agent.core.rundir import LogText, find_logs, tail_log
 from hpc_agent.diagnosis.alarms import LOSS_SCALE_TAG, LOSS_TAG, run_alarms
-from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
-from hpc_agent.follow import situation_from
-from hpc_agent.job_match import run_id_from_job_name
 from hpc_agent.metrics.divergence import Alarm
 from hpc_agent.metrics.tb_reader import RunScalars
-from hpc_agent.policy import Decision, PastAttempt, Situation, decide
-from hpc_agent.rundir import LogText, find_logs, tail_log
+from hpc_agent.policy.decide import Decision, PastAttempt, Situation, decide
+from hpc_agent.remote import ssh
+from hpc_agent.slurm.job_match import run_id_from_job_name
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, SacctRow, group_attempts, job_key_of
 from hpc_agent.slurm.sacct_read import SacctFormatError, read_sacct
+from hpc_agent.watcher.follow import situation_from
 
 EXIT_OK = exit_status.OK  # also when Slurm does not answer: the report says "unknown", which means wait
 EXIT_USAGE = exit_status.USAGE
@@ -68,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tail-bytes", type=int, default=DEFAULT_TAIL_BYTES,
                         help="bytes read from the end of each log (default 1 MiB)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    remote.add_arguments(parser)  # --remote USER@LOGIN: diagnose on the login node over ssh (docs/remote.md)
+    ssh.add_arguments(parser)  # --remote USER@LOGIN: diagnose on the login node over ssh (docs/remote.md)
     return add_common_arguments(parser, slurm=True)
 
 
@@ -205,7 +207,7 @@ def render_text(report: Dict[str, Any]) -> str:
     d = report["decision"]
     lines = [f"job {report['job_id'] or '?'}: {report['cause']} -- {report['summary']}"]
     if report.get("live"):
-        from hpc_agent.review_live import describe
+        from hpc_agent.runs.live import describe
 
         lines.append(f"  live: {describe(report['live'])}")
     if report["state"]:
@@ -255,7 +257,7 @@ def _read_sacct(args: argparse.Namespace) -> Tuple[str, Optional[str], Any]:
 
 def _run_dir_from_ledger(runs_root: Path, job_key: str) -> Optional[Path]:
     """A sweep trial runs as an array task named for its array, not its run: the ledger knows its run dir."""
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     ledger = Ledger.in_runs_root(runs_root)
     try:
@@ -274,7 +276,7 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     found = Inputs(job_id, sacct_text, sacct_error)
     attempts = attempts_for(jobs, job_id or "")
     if attempts:
-        from hpc_agent.observe import attempt_start
+        from hpc_agent.watcher.observe import attempt_start
 
         found.attempt_start = attempt_start(attempts[-1])
     runs_root = Path(args.runs_root or os.environ.get(RUNS_ENV) or "./runs").expanduser()
@@ -319,7 +321,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(exc.code or 0)
     configure(args)
     if args.remote:  # every path (--log, --tb, --sacct-file, --runs-root) is one on the login node
-        return remote.forward("diagnose", remote.local_argv(argv), args)
+        return ssh.forward("diagnose", ssh.local_argv(argv), args)
     if not args.job_id and not args.sacct_file:
         parser.print_usage(sys.stderr)
         print("diagnose: give a JOBID or --sacct-file FILE", file=sys.stderr)
@@ -337,7 +339,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report["config"] = found.config_source  # where the decision's numbers (batch, --mem, lr) came from
     report["logs"] = [log.name for log in found.logs]
     if report["cause"] == Cause.RUNNING.value and found.run_dir is not None:
-        from hpc_agent.runreview import live_status  # as review shows it: time since the last step, a hang verdict
+        from hpc_agent.runs.history import live_status  # as review shows it: time since the last step, a hang verdict
 
         report["live"] = live_status(found.run_dir, Cause.RUNNING.value, time.time(), found.attempt_start)
         name_hung(report, found.cfg)

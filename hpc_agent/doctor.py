@@ -5,7 +5,7 @@ partitions and their GPUs, the config is valid and sbatch would accept its resou
 submits nothing), the job's Python or container works on a compute node (``doctor_job``), DeepSpeed's
 ops are prepared and no torch build lock is stuck, GPU health and the memory estimate. Each check prints
 ``OK|WARN|FAIL  name: detail``; the exit code is 1 when any check FAILs, else 0 (2: a usage error; the
-table shared by every command: ``hpc_agent.exit_status``). Runs on login nodes:
+table shared by every command: ``hpc_agent.cli.exit_status``). Runs on login nodes:
 imports neither torch nor deepspeed.
 
 ``--data PATH`` instead infers the ``data`` section of a config from a dataset file and writes it as
@@ -20,8 +20,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Sequence
 
-from hpc_agent import exit_status
-from hpc_agent.cli_common import add_common_arguments, configure
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError, sbatch_test_argv
 from hpc_agent.slurm.sinfo import Partition, gres_of, parse_partitions, partitions_argv, select
 
@@ -142,11 +142,11 @@ def _gpu_label(reading: Any) -> str:
 
 
 def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
-    from hpc_agent import health
+    from hpc_agent.diagnosis import gpu_health
 
     try:
-        readings, error = health.read_gpus()
-        verdicts = health.judge_all(readings, error)
+        readings, error = gpu_health.read_gpus()
+        verdicts = gpu_health.judge_all(readings, error)
     except Exception as exc:  # noqa: BLE001 - a health probe must never crash the doctor
         return [Check(WARN, "gpu health", f"could not read GPUs: {exc}")], [], None
     verdicts = verdicts if isinstance(verdicts, (list, tuple)) else [verdicts]
@@ -163,7 +163,7 @@ def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
     report: List[str] = []
     if readings:
         try:
-            report = str(health.format_report(readings, verdicts)).splitlines()
+            report = str(gpu_health.format_report(readings, verdicts)).splitlines()
         except Exception:  # noqa: BLE001
             report = []
     return checks or [Check(WARN, "gpu health", str(error or "no readings"))], report, _gpu_mem_bytes(readings)
@@ -171,7 +171,7 @@ def check_gpu_health() -> tuple[List[Check], List[str], Optional[int]]:
 
 def check_environment() -> List[Check]:
     """This Python's DeepSpeed ops (prepared, so jobs never compile) and torch build locks (none stuck)."""
-    from hpc_agent import envcheck
+    from hpc_agent.checks import envcheck
 
     return [Check(*result) for result in [envcheck.check_deepspeed_ops(), *envcheck.check_build_locks()]]
 
@@ -182,10 +182,10 @@ def target_gres(cfg: Any, parts: Optional[Sequence[Partition]]) -> str:
 
 
 def check_memory(cfg: Any, gpu_bytes: Optional[int], gres: str = "") -> List[Check]:
-    """submit's pre-flight verdict (:mod:`hpc_agent.preflight`), against this machine's GPU when there is
+    """submit's pre-flight verdict (:mod:`hpc_agent.policy.preflight`), against this machine's GPU when there is
     one, else the config's ``slurm.gpu_memory_gib`` or the partition's GPU type."""
-    from hpc_agent import preflight
-    from hpc_agent.memory import estimate_from_config, format_bytes
+    from hpc_agent.policy import preflight
+    from hpc_agent.policy.memory import estimate_from_config, format_bytes
 
     try:
         need = estimate_from_config(cfg).total_bytes
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_data(path: str, out: Optional[str], as_json: bool) -> int:
-    from hpc_agent.data_config import infer_file, render_yaml
+    from hpc_agent.checks.data_config import infer_file, render_yaml
 
     try:
         info = infer_file(path)
@@ -267,13 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg is not None and parts is not None:
             checks += check_sbatch(cli, cfg, parts)
         if cfg is not None and cfg.profile.name:  # the profile against the live cluster (doctor_profile.py)
-            from hpc_agent import doctor_profile
-            checks += [Check(*result) for result in doctor_profile.check_profile(cli, cfg, parts)]
-        if cfg is not None:  # the job's interpreter/container on a compute node (hpc_agent/doctor_job.py)
-            from hpc_agent import doctor_job
-            checks.append(Check(*doctor_job.check_code(cfg, os.getcwd())))
-            checks.append(Check(*(doctor_job.check_job_python(cli, cfg) if parts else
-                                  doctor_job.skipped("Slurm does not answer here, so no compute node to ask"))))
+            from hpc_agent.checks import profile_fit
+            checks += [Check(*result) for result in profile_fit.check_profile(cli, cfg, parts)]
+        if cfg is not None:  # the job's interpreter/container on a compute node (hpc_agent/checks/job_python.py)
+            from hpc_agent.checks import job_python
+            checks.append(Check(*job_python.check_code(cfg, os.getcwd())))
+            checks.append(Check(*(job_python.check_job_python(cli, cfg) if parts else
+                                  job_python.skipped("Slurm does not answer here, so no compute node to ask"))))
     checks += check_environment()
     health_checks, report, gpu_bytes = check_gpu_health()
     checks += health_checks

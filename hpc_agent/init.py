@@ -1,7 +1,7 @@
 """hpc-agent init [DIR] [--force]: start a project in DIR (default: the current directory).
 
 Writes a commented starter config, ``hpc_agent.yaml``, and a copy of the shipped sbatch templates in
-``sbatch_templates/``, which submit then uses instead of the shipped ones (``hpc_agent.paths.template_dirs``:
+``sbatch_templates/``, which submit then uses instead of the shipped ones (``hpc_agent.core.paths.template_dirs``:
 next to the config file, then the current directory). A user installed from a wheel has the shipped files
 inside site-packages; this gives them files of their own to edit, found without ``HPC_AGENT_HOME``.
 
@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from hpc_agent import exit_status, paths
-from hpc_agent.cli_common import add_common_arguments, configure
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure
+from hpc_agent.core import paths
 
 CONFIG_NAME = "hpc_agent.yaml"
 
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def planned_files(dest: Path, profile: Optional[str] = None) -> Dict[Path, str]:
     """Every file init writes, with its content; with ``profile``, a profile skeleton (``profiles/`` next to
-    the config is the first place ``--profile NAME`` looks: hpc_agent.paths.profile_dirs)."""
+    the config is the first place ``--profile NAME`` looks: hpc_agent.core.paths.profile_dirs)."""
     files = {dest / CONFIG_NAME: STARTER.format(python=sys.executable)}
     if profile:
         shipped_profiles = paths.configs_dir() / paths.PROFILES

@@ -1,12 +1,12 @@
 """python -m hpc_agent.prepare [--op NAME ...] [--ops-dir DIR] [--force] [--check]
 
 Builds, once and outside any Slurm job, the DeepSpeed C++ ops that training jobs load, so that no job
-ever compiles (``hpc_agent/ops_cache.py`` says why and where they go). Run it with the Python the jobs
+ever compiles (``hpc_agent/core/ops_cache.py`` says why and where they go). Run it with the Python the jobs
 use (your virtualenv), on a machine like the compute nodes (same CPU generation or older; for GPU ops, a
 GPU node or a login node with the CUDA toolkit: ``srun --gpus=1 python -m hpc_agent.prepare``).
 ``scripts/setup.sh`` runs it. Re-running it is cheap: ops already prepared are kept.
 
-Exit codes (``hpc_agent.exit_status``, shared by every command): 0 prepared (or, with --check, everything
+Exit codes (``hpc_agent.cli.exit_status``, shared by every command): 0 prepared (or, with --check, everything
 already prepared), 1 --check found something to prepare or a build failed, 2 torch/DeepSpeed are missing or
 an unknown --op: nothing was built, 4 another prepare held the ops' lock too long (the message says what to do).
 Unlike the other login-node commands this one imports torch and DeepSpeed: it exists to build against them.
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import exit_status
-from hpc_agent.cli_common import add_common_arguments, configure
-from hpc_agent.ops_cache import OPS_DIR_ENV, find_prepared, ops_dir, read_cpu_flags
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure
+from hpc_agent.core.ops_cache import OPS_DIR_ENV, find_prepared, ops_dir, read_cpu_flags
 
 log = logging.getLogger("hpc_agent.prepare")  # not __name__: under python -m it is __main__, outside the tree
 

@@ -17,12 +17,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent import exit_status, remote, rundir
-from hpc_agent.cli_common import add_common_arguments, parse
-from hpc_agent.review_live import describe
-from hpc_agent.review_plot import plot_runs
+from hpc_agent.cli import exit_status
+from hpc_agent.remote import ssh
+from hpc_agent.core import rundir
+from hpc_agent.cli.flags import add_common_arguments, parse
+from hpc_agent.runs.live import describe
+from hpc_agent.runs.plot import plot_runs
 # The data half lives in runreview (the chaos driver reads it too); these names stay importable from here.
-from hpc_agent.runreview import (find_runs, review_run)
+from hpc_agent.runs.history import find_runs, review_run
 
 EXIT_OK, EXIT_USAGE = exit_status.OK, exit_status.USAGE
 
@@ -106,7 +108,7 @@ def start_tensorboard(logdir: Path, port: Optional[int] = None, timeout_s: float
 def serve(logdir: Path, port: Optional[int], seconds: Optional[float], stream=None,
           host: str = "127.0.0.1", token: Optional[str] = None) -> int:
     """TensorBoard on 127.0.0.1; with a token, behind a token-checking proxy on ``host`` (review_serve)."""
-    from hpc_agent.review_serve import TokenProxy
+    from hpc_agent.runs.serve import TokenProxy
 
     proxy = None
     proc, url = start_tensorboard(logdir, port if token is None else None)
@@ -154,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pull", metavar="DIR", help="with --remote: mirror the run's TensorBoard files into DIR "
                    "(only new bytes each time), then review, --plot or --serve the mirror here (docs/remote.md)")
     p.add_argument("--export-tb", action="store_true", help=argparse.SUPPRESS)  # the login-node half of --pull
-    remote.add_arguments(p)
+    ssh.add_arguments(p)
     return add_common_arguments(p)
 
 
@@ -163,25 +165,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args is None:
         return code
     path = Path(args.path)
-    if args.export_tb:  # a laptop's review --pull asks for the bytes it lacks (hpc_agent.remote_tb)
-        from hpc_agent.remote_tb import export_main
+    if args.export_tb:  # a laptop's review --pull asks for the bytes it lacks (hpc_agent.remote.tb_pull)
+        from hpc_agent.remote.tb_pull import export_main
 
         return export_main(path)
     if args.remote:  # the table runs on the login node; plots and TensorBoard run here, on a --pull mirror
         if args.pull:
-            from hpc_agent.remote_tb import pull_for_review
+            from hpc_agent.remote.tb_pull import pull_for_review
 
-            code, local = pull_for_review(args, remote.local_argv(argv))
+            code, local = pull_for_review(args, ssh.local_argv(argv))
             return code if local is None else main(local)
         if args.plot or args.serve:
             print("review --remote: --plot and --serve run on this machine: add --pull DIR", file=sys.stderr)
             return EXIT_USAGE
-        return remote.forward("review", remote.local_argv(argv), args)
+        return ssh.forward("review", ssh.local_argv(argv), args)
     if args.pull:
         print("review: --pull needs --remote USER@HOST", file=sys.stderr)
         return EXIT_USAGE
     if args.serve:  # refuse an unsafe bind before reading anything
-        from hpc_agent.review_serve import TOKEN_ENV, bind_problem
+        from hpc_agent.runs.serve import TOKEN_ENV, bind_problem
 
         args.token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
         problem = bind_problem(args.host, args.token)
@@ -191,11 +193,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not path.is_dir():
         print(f"review: {path} is not a directory (give a run directory or a runs root)", file=sys.stderr)
         return EXIT_USAGE
-    from hpc_agent.review_sweep import is_sweep_dir  # a sweep dir: its trials table and objective plot instead
+    from hpc_agent.sweep.trials_table import is_sweep_dir  # a sweep dir: its trials table and objective plot instead
 
     if is_sweep_dir(path):
-        from hpc_agent.extras import MissingExtra
-        from hpc_agent.review_sweep import review_sweep
+        from hpc_agent.core.extras import MissingExtra
+        from hpc_agent.sweep.trials_table import review_sweep
 
         try:
             return review_sweep(path, args.json, args.plot)

@@ -3,7 +3,7 @@
 One line per run: run id, phase, newest job id, its Slurm state, step N/M, the last decision (or cause) and
 how long ago the last step was. The short answer to "what are my runs doing?"; ``review`` has the details.
 
-Reads what review reads (:func:`hpc_agent.runreview.review_run`: the ledger, events.jsonl, TensorBoard,
+Reads what review reads (:func:`hpc_agent.runs.history.review_run`: the ledger, events.jsonl, TensorBoard,
 heartbeats) plus one batched ``sacct`` call for every run's newest job (never one call per run). With
 ``--remote`` it runs on the login node over ssh (docs/remote.md). Login-node code: no torch.
 """
@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from hpc_agent import exit_status, remote
-from hpc_agent.cli_common import add_common_arguments, parse
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, parse
 from hpc_agent.config.load import RUNS_ENV
-from hpc_agent.review_live import duration
+from hpc_agent.remote import ssh
+from hpc_agent.runs.live import duration
 
 COLUMNS = (("run", "run_id"), ("phase", "phase"), ("job", "job_id"), ("slurm", "slurm_state"), ("step", "step"),
            ("last decision", "last"), ("last step", "age"))
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog=exit_status.epilog(exit_status.OK, exit_status.USAGE))
     parser.add_argument("--runs-root", default=None, help=f"runs root (default: ${RUNS_ENV} or ./runs)")
     parser.add_argument("--json", action="store_true", help='print {"runs": [...]} instead of the lines')
-    remote.add_arguments(parser)
+    ssh.add_arguments(parser)
     return add_common_arguments(parser, slurm=True)
 
 
@@ -53,7 +54,7 @@ def slurm_states(job_ids: Sequence[str], cli=None) -> Dict[str, str]:
 
 
 def _last_job_ids(runs_root: Path) -> Dict[str, str]:
-    from hpc_agent.ledger import LEDGER_FILE, Ledger
+    from hpc_agent.state.ledger import LEDGER_FILE, Ledger
 
     if not (runs_root / LEDGER_FILE).exists():
         return {}
@@ -89,7 +90,7 @@ def line_of(review: Dict[str, Any], job_id: Optional[str], state: Optional[str],
 
 
 def collect(path: Path, now: Optional[float] = None, cli=None) -> List[Dict[str, Any]]:
-    from hpc_agent.runreview import find_runs, review_run
+    from hpc_agent.runs.history import find_runs, review_run
 
     now = time.time() if now is None else now
     runs_root, run_dirs = find_runs(path)
@@ -120,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args is None:
         return code
     if args.remote:
-        return remote.forward("status", remote.local_argv(argv), args)
+        return ssh.forward("status", ssh.local_argv(argv), args)
     root = Path(args.runs_root or os.environ.get(RUNS_ENV) or "./runs").expanduser()
     if not root.is_dir():
         print(f"status: no runs root at {root} (pass --runs-root, or submit a run first)", file=sys.stderr)

@@ -15,14 +15,17 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import code_snapshot, exit_status, paths, place_submit, remote, rundir
-from hpc_agent.cli_common import add_common_arguments, configure, passthrough
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure, passthrough
 from hpc_agent.config.load import load_config, resolve_config_path, to_yaml, write_run_config
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.job_match import job_name_for
-from hpc_agent.launcher import EXECUTORS, local_parameters, make_run_id, render_job_script
-from hpc_agent.preflight import REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, render, sinfo_argv
+from hpc_agent.core import paths, rundir
+from hpc_agent.jobs import code_snapshot, place
+from hpc_agent.jobs.executor import EXECUTORS, local_parameters, make_run_id, render_job_script
+from hpc_agent.policy.preflight import REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, render, sinfo_argv
+from hpc_agent.remote import ssh
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.slurm.sacct import job_state, parse_parsable2
 from hpc_agent.slurm.sinfo import partition_gres
 
@@ -62,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "wins (sets placement.mode; docs/placement.md)")
     parser.add_argument("--profile", metavar="NAME", help="a cluster profile under your config (default: "
                         "$HPC_AGENT_PROFILE); the run's snapshot records it (docs/profiles.md)")
-    remote.add_arguments(parser)  # --remote USER@LOGIN: validate here, submit there (hpc_agent.remote_submit)
+    ssh.add_arguments(parser)  # --remote USER@LOGIN: validate here, submit there (hpc_agent.remote.ssh_submit)
     return add_common_arguments(parser, slurm=True)
 
 
@@ -95,7 +98,7 @@ def _wait(executor_kind: str, job, job_id: str, timeout_s: float) -> str:
             return "RUNNING"
         # Not job.result(): that unpickles <id>_result.pkl, a file the job writes. Its opcodes say
         # ("success", ...) or ("error", ...) without running anything (a job that died wrote none).
-        from hpc_agent.pickle_scan import result_tag
+        from hpc_agent.core.pickle_scan import result_tag
 
         return "COMPLETED" if result_tag(job.paths.result_pickle) == "success" else "FAILED"
     cli = SlurmCLI()
@@ -122,8 +125,8 @@ def _warn(text: str) -> None:
 
 def _audit_submit(ledger, run_id: str, job_id: str, kind: str) -> None:
     """The submit action's audit record; its failure never hides that the job is submitted."""
-    from hpc_agent.audit import record_action
-    from hpc_agent.journal import Journal
+    from hpc_agent.state.audit import record_action
+    from hpc_agent.state.journal import Journal
 
     try:
         record_action(Journal(ledger), run_id, "submit", job_id, f"python -m hpc_agent.submit ({kind} executor)",
@@ -149,13 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     configure(args)
     if args.remote:
-        from hpc_agent.remote_submit import submit_remote
+        from hpc_agent.remote.ssh_submit import submit_remote
 
-        return submit_remote(args, remote.local_argv(argv))
+        return submit_remote(args, ssh.local_argv(argv))
     try:
         profile = args.profile
         if args.config == "-":  # the resolved config on stdin, sent by submit --remote from a laptop
-            from hpc_agent.remote_submit import config_from_stdin
+            from hpc_agent.remote.ssh_submit import config_from_stdin
 
             args.config = config_from_stdin()
             profile = ""  # it is resolved: the laptop applied the profile, and the snapshot records it
@@ -171,12 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if announcement:
         log.info(announcement)
     if args.place and args.place != cfg.placement.mode:  # recorded: the watcher reads the run's config
-        cfg = place_submit.with_mode(cfg, args.place)
+        cfg = place.with_mode(cfg, args.place)
     if cfg.placement.mode == "auto":
         if kind != "slurm":
             log.info("placement: skipped (the %s executor has no partitions)", kind)
         else:
-            placed = place_submit.place(cfg, SlurmCLI())
+            placed = place.place(cfg, SlurmCLI())
             for line in placed.lines:
                 log.info(line)
             if placed.error:
@@ -194,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_path = rundir.config_path(run_dir)
 
     try:  # a value the job script cannot carry is a config error (exit 2) before anything is created
-        # The user's config file first: its sbatch_templates/ folder wins (hpc_agent.paths.template_dirs).
+        # The user's config file first: its sbatch_templates/ folder wins (hpc_agent.core.paths.template_dirs).
         source = resolve_config_path(args.config)
         script = render_job_script(cfg, run_id, run_dir, config_path, near=[source]) if kind == "slurm" else None
         if kind == "local":
@@ -221,19 +224,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("# Dry run: nothing was created or submitted.")
         return 0
 
-    from hpc_agent.ledger import Ledger
-    from hpc_agent.lifecycle import Event, EventKind
+    from hpc_agent.state.ledger import Ledger
+    from hpc_agent.state.lifecycle import Event, EventKind
     from hpc_agent.slurm.submitit_timeout import SbatchTimedOut
-    from hpc_agent.submission import SubmittedButIncomplete, log_paths, submit_attempt
+    from hpc_agent.jobs.submission import SubmittedButIncomplete, log_paths, submit_attempt
 
-    from hpc_agent.filemodes import make_dir  # 0700 (0750 with run.group_readable), whatever the umask
+    from hpc_agent.core.filemodes import make_dir  # 0700 (0750 with run.group_readable), whatever the umask
 
     make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
     make_dir(rundir.tb_dir(run_dir))
     make_dir(rundir.checkpoints_dir(run_dir))
     write_run_config(run_dir, cfg)
     if kind == "slurm":  # a project's own template goes with the run, for the watcher's resubmissions
-        from hpc_agent.containers import template_name
+        from hpc_agent.jobs.containers import template_name
 
         paths.keep_project_template(template_name(cfg), source, run_dir)
     if snapshot is not None:  # first submission only: the watcher's resubmissions reuse this copy
@@ -286,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"waiting for job {job_id} ...", flush=True)
     if kind == "slurm":  # the run's true end, repaired on the way by a watcher (our own when none runs)
-        from hpc_agent.submit_wait import wait_run
+        from hpc_agent.watcher.submit_wait import wait_run
 
         state, job_id, _ = wait_run(runs_root, run_id, args.wait_timeout)
         logs = log_paths(run_dir, job_id, cfg.slurm.tasks_per_node * cfg.slurm.nodes)

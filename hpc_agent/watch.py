@@ -8,7 +8,7 @@ adjusted to the cause; every decision goes to the ledger and the run's ``events.
 It runs in the foreground, stops cleanly on SIGTERM/SIGINT (after the current tick), and holds the runs
 root's watcher lease in the ledger (a heartbeat every tick): a second watcher exits with code 4 (busy) naming
 the holder, or with ``--wait-for-lease`` waits until the lease expires and takes over. ``--pause`` creates
-``<runs root>/watch.paused`` (``hpc_agent.killswitch``): every watcher stops acting within one tick, and
+``<runs root>/watch.paused`` (``hpc_agent.state.killswitch``): every watcher stops acting within one tick, and
 every sweep driver on the root stops before its next submission or cancel, until ``--resume`` removes it.
 Pausing or resuming a folder that is not a runs root (no ledger: a mistyped path) exits 2 and creates nothing.
 A run the watcher could not follow is parked in ``needs_attention``; ``--resume-run RUN_ID`` puts it back.
@@ -24,17 +24,18 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from hpc_agent import exit_status, handback, killswitch
-from hpc_agent.cli_common import add_common_arguments, configure
-from hpc_agent import notify
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.filemodes import make_dir
-from hpc_agent.ledger import LEDGER_FILE, Ledger
-from hpc_agent.policy import PolicyLimits
-from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S as INTENT_GRACE_S
-from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+from hpc_agent.core import handback
+from hpc_agent.core.filemodes import make_dir
+from hpc_agent.policy.decide import PolicyLimits
+from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S as INTENT_GRACE_S, SlurmCLI, SlurmError
 from hpc_agent.slurm.sinfo import max_node_memory_mb, node_memory_argv
+from hpc_agent.state import killswitch
+from hpc_agent.state.ledger import LEDGER_FILE, Ledger
+from hpc_agent.watcher import notifier
 
 EXIT_OK = exit_status.OK
 EXIT_USAGE = exit_status.USAGE
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds without a heartbeat after which another watcher may take over (default 60)")
     parser.add_argument("--wait-for-lease", action="store_true",
                         help="if another watcher holds the runs root, wait for its lease to expire instead of exiting")
-    notify.add_arguments(parser)  # --notify-webhook/--notify-command: the runs-root default (docs/notifications.md)
+    notifier.add_arguments(parser)  # --notify-webhook/--notify-command: the runs-root default (docs/notifications.md)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--pause", action="store_true",
                        help="kill switch: make every watcher and sweep driver on the runs root stop acting, then "
@@ -111,8 +112,8 @@ def _sleep(seconds: float, stop: _Stop, woken: Callable[[], bool] = lambda: Fals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     configure(args)
-    if args.install_systemd or args.print_scrontab:  # rendered in one place: hpc_agent.service_files
-        from hpc_agent import service_files
+    if args.install_systemd or args.print_scrontab:  # rendered in one place: hpc_agent.watcher.service_files
+        from hpc_agent.watcher import service_files
 
         return service_files.main(args)
     runs_root = Path(args.runs_root).expanduser().resolve()
@@ -123,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("--interval and --lease-ttl must be positive, --intent-grace not negative", file=sys.stderr)
         return EXIT_USAGE
     try:
-        args.notify_default = notify.default_from_args(args)
+        args.notify_default = notifier.default_from_args(args)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
@@ -142,8 +143,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _one_run_command(ledger: Ledger, args: argparse.Namespace) -> int:
-    from hpc_agent.journal import Journal
-    from hpc_agent.lifecycle import Event, EventKind, InvalidTransition
+    from hpc_agent.state.journal import Journal
+    from hpc_agent.state.lifecycle import Event, EventKind, InvalidTransition
 
     run_id = args.resume_run or args.rebuild_events
     run = ledger.run(run_id)
@@ -188,8 +189,8 @@ def _take_lease(lease, args: argparse.Namespace, stop: "_Stop") -> bool:
 
 
 def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Namespace) -> int:
-    from hpc_agent.journal import LeaseLost, WatcherLease
-    from hpc_agent.watcher import Watcher
+    from hpc_agent.state.journal import LeaseLost, WatcherLease
+    from hpc_agent.watcher.loop import Watcher
 
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop)
@@ -217,7 +218,7 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
             if args.once or (args.max_ticks and ticks >= args.max_ticks):
                 break
             # Back off while Slurm does not answer (never hammer a struggling slurmctld), reset when it does;
-            # poll fast while a job is between its requeue and its expedite (hpc_agent/handback.py).
+            # poll fast while a job is between its requeue and its expedite (hpc_agent/core/handback.py).
             # sacct can lag slurmctld by a second or more, so a wake also means a few seconds of fast polling.
             hot = report.handing_back or time.monotonic() < fast_until
             fast = min(args.interval, handback.FAST_POLL_S) if hot else args.interval

@@ -1,5 +1,5 @@
 """The adaptive LR schedule (``adaptive:``) in the training loop: the decision is the pure
-``hpc_agent.adaptive.decide``; this module holds its state between steps and carries out what it decides.
+``hpc_agent.policy.adaptive_lr.decide``; this module holds its state between steps and carries out what it decides.
 
 - :class:`AdaptiveHolder` is the state: the current ``ScheduleState``, which the LR lambda reads at every
   scheduler step, and the trimmed series ``decide`` judges. All of it is saved in every checkpoint and
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from launch.lr_schedule import lr_factor_adaptive, lr_factor_unscaled
 from launch.recovery import CONTINUE, repair_in_place
-from launch.schedule import lr_factor_adaptive, lr_factor_unscaled
 
 
 def say(text: str) -> None:
@@ -22,12 +22,12 @@ def say(text: str) -> None:
 
 
 class AdaptiveHolder:
-    """The adaptive schedule's mutable state (``adaptive:``; ``hpc_agent.adaptive``): the current
+    """The adaptive schedule's mutable state (``adaptive:``; ``hpc_agent.policy.adaptive_lr``): the current
     ``ScheduleState``, which the LR lambda reads at every scheduler step, and the trimmed series ``decide``
     judges. All of it is saved in every checkpoint, so a resume decides exactly as the uninterrupted run."""
 
     def __init__(self) -> None:
-        from hpc_agent.adaptive import ScheduleState
+        from hpc_agent.policy.adaptive_lr import ScheduleState
 
         self.state = ScheduleState()
         self.losses: List[Tuple[int, float]] = []
@@ -48,7 +48,7 @@ class AdaptiveHolder:
 
     def restore(self, client: Dict[str, Any]) -> None:
         """From a checkpoint's client state; one from before this feature (or none) starts afresh."""
-        from hpc_agent.adaptive import ScheduleState
+        from hpc_agent.policy.adaptive_lr import ScheduleState
 
         self.state = ScheduleState.from_dict(client.get("adaptive"))
         history = client.get("adaptive_history") or {}
@@ -60,7 +60,7 @@ class AdaptiveHolder:
                eval_loss: Optional[Tuple[int, float]], train: Any, cfg: Any) -> None:
         """Step ``step``'s evidence: its gradient norm (not an FP16 overflow's), and a loss point (the mean of
         a log interval of training losses, or this step's evaluation), trimmed to what ``decide`` needs."""
-        from hpc_agent.adaptive import trim_history
+        from hpc_agent.policy.adaptive_lr import trim_history
 
         if grad_norm is not None and not skipped:
             self.norms.append((step, float(grad_norm)))
@@ -77,8 +77,8 @@ class AdaptiveHolder:
 def adapt(tr: Any, step: int, loss: float, grad_norm: Optional[float], skipped: bool) -> Any:
     """Record step ``step``'s evidence, decide (rank 0; broadcast) and act on the trainer ``tr``: CONTINUE, or
     what an escalation's rollback returns (None: repaired, train on from ``tr.step``; else an exit code)."""
-    from hpc_agent.adaptive import ESCALATE_ROLLBACK, decide
-    from hpc_agent.diagnosis.causes import Cause
+    from hpc_agent.policy.adaptive_lr import ESCALATE_ROLLBACK, decide
+    from hpc_agent.core.causes import Cause
     from hpc_agent.metrics.divergence import GRAD_EXPLOSION
     from launch.recovery import Fault
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from hpc_agent.fsutil import atomic_write_json
+from hpc_agent.core.fsutil import atomic_write_json
 
 KINDS = ("nan", "gpu_oom", "host_oom", "kill_during_save")
 POLL_S = 0.25  # the trigger file is looked at, at most, this often

@@ -13,7 +13,7 @@ fall back to the previous checkpoint. (Same-size corruption is not detected: has
 shards would cost more than it saves.)
 
 The rules (:func:`problem`, :func:`select`, :func:`retention`, :func:`scan`) live in
-``hpc_agent.checkpoints`` and are re-exported here; this module writes checkpoints.
+``hpc_agent.core.checkpoint_format`` and are re-exported here; this module writes checkpoints.
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # The format's rules (markers, which checkpoint a resume may use, retention) are shared with the
-# login-node side, which must not import this torch-side package: they live in hpc_agent.checkpoints.
-from hpc_agent.checkpoints import (MARKER, MARKER_VERSION, files_of, retention, scan, tag_for)
-from hpc_agent.filemodes import dir_mode, file_mode_in, group_of, make_dir, set_mode
-from hpc_agent.fsutil import atomic_write_json
+# login-node side, which must not import this torch-side package: they live in hpc_agent.core.checkpoint_format.
+from hpc_agent.core.checkpoint_format import MARKER, MARKER_VERSION, files_of, retention, scan, tag_for
+from hpc_agent.core.filemodes import dir_mode, file_mode_in, group_of, make_dir, set_mode
+from hpc_agent.core.fsutil import atomic_write_json
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a file of a checkpoint is never a link out of the run directory
 
@@ -45,7 +45,7 @@ def owned_by(name: str, rank: int) -> bool:
 
 def fsync_own_files(tag_dir: Path, rank: int) -> Dict[str, int]:
     """Flush this rank's files to stable storage, with the mode the checkpoints folder calls for (DeepSpeed
-    creates them under the umask: hpc_agent.filemodes); returns them with their sizes. Links are no files
+    creates them under the umask: hpc_agent.core.filemodes); returns them with their sizes. Links are no files
     of a checkpoint (:func:`files_of`) and are never opened."""
     mine = {}
     mode = file_mode_in(tag_dir.parent)

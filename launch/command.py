@@ -5,7 +5,7 @@ Per task, in this order:
 
 1. read the config snapshot and the rank layout (``launch.distributed.detect``: submitit's job environment,
    the same source and rendezvous-port rule as the built-in training);
-2. pick the newest complete checkpoint (``hpc_agent.checkpoints.select``: the built-in resume's rules) and
+2. pick the newest complete checkpoint (``hpc_agent.core.checkpoint_format.select``: the built-in resume's rules) and
    plan its load against this attempt's layout (``launch.universal.plan``): a changed ZeRO stage or world
    size needs DeepSpeed's ``checkpoint.load_universal``, which DeepSpeed reads from its config at
    ``initialize``, so it must be decided here; a change that cannot be honoured exits 78 (as built-in);
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from hpc_agent import rundir
-from hpc_agent.checkpoints import scan, select
-from hpc_agent.fsutil import atomic_write_json
+from hpc_agent.core import rundir
+from hpc_agent.core.checkpoint_format import scan, select
+from hpc_agent.core.fsutil import atomic_write_json
 
 ENV_DS_CONFIG = "HPC_AGENT_DS_CONFIG"
 ENV_RUN_DIR = "HPC_AGENT_RUN_DIR"
@@ -57,7 +57,7 @@ def say(text: str) -> None:
 def attempt_identity(environ: Mapping[str, str]) -> Tuple[str, int]:
     """(job id, restart count) naming this attempt's files: Slurm's, else submitit's local job (as the
     heartbeat names it: ``local-<id>``)."""
-    from hpc_agent.lease_rules import job_identity
+    from hpc_agent.core.lease_rules import job_identity
 
     job, attempt = job_identity(environ)
     local = environ.get("SUBMITIT_LOCAL_JOB_ID", "")
@@ -145,8 +145,8 @@ def build_launch(cfg: Any, run_dir: Path, config_path: Path, denv: Any, *, on_cu
 
 def command_argv(cfg: Any, run_dir: Path) -> Tuple[List[str], Optional[Path]]:
     """The command as it runs, and the snapshot folder: the script word pointed at the copy of the code taken
-    at submit (``hpc_agent.code_snapshot``, ``train.snapshot_code``), else the command as configured."""
-    from hpc_agent.code_manifest import read_manifest, snapshot_argv
+    at submit (``hpc_agent.jobs.code_snapshot``, ``train.snapshot_code``), else the command as configured."""
+    from hpc_agent.core.code_manifest import read_manifest, snapshot_argv
 
     argv = [str(w) for w in cfg.train.command]
     manifest = read_manifest(Path(run_dir)) if cfg.train.snapshot_code else None
@@ -161,8 +161,8 @@ def prepare(run_dir: str, config_path: str, workdir: Optional[str],
     """Steps 1-3 of the module docstring; (exit code, None) when the task must not run the command."""
     from hpc_agent.config.load import load_snapshot
     from hpc_agent.config.problems import ConfigError
-    from hpc_agent.paths import code_root
-    from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG, EXIT_UNAVAILABLE
+    from hpc_agent.core.paths import code_root
+    from hpc_agent.core.exit_codes import EXIT_CONFIG, EXIT_UNAVAILABLE
     from launch import distributed, universal
     from launch.dsconfig import PrecisionUnavailable, resolve_precision
 
@@ -201,7 +201,7 @@ def prepare(run_dir: str, config_path: str, workdir: Optional[str],
 
 def become(launch: Launch, local: bool) -> int:
     """Step 4: exec the command (never returns), or under the local executor run it as a forwarded child."""
-    from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG, EXIT_CRASHED
+    from hpc_agent.core.exit_codes import EXIT_CONFIG, EXIT_CRASHED
 
     if launch.cwd:
         try:
@@ -226,7 +226,7 @@ def become(launch: Launch, local: bool) -> int:
 
 
 def _run_child(launch: Launch) -> int:
-    from hpc_agent.diagnosis.exit_codes import EXIT_CRASHED
+    from hpc_agent.core.exit_codes import EXIT_CRASHED
 
     try:
         child = subprocess.Popen(launch.argv, env=launch.env)

@@ -8,7 +8,7 @@ What ends up in the dict, and why:
   instead of its FusedAdam, which would be JIT-compiled with nvcc at start-up (slow, and absent on
   CPU nodes). Exception: offload on CUDA, where DeepSpeed's CPU Adam (C++, compiled once) is the
   fast path for the CPU-side update.
-* Scheduler: none here. The engine passes a ``LambdaLR`` over :func:`launch.schedule.lr_factor`;
+* Scheduler: none here. The engine passes a ``LambdaLR`` over :func:`launch.lr_schedule.lr_factor`;
   DeepSpeed steps it at each accumulation boundary and saves it in the checkpoint.
 * FP16: ``loss_scale: 0`` selects dynamic loss scaling, tuned by the four ``train`` fields.
 * ``checkpoint.load_universal``: set only for a resume that goes through a universal checkpoint
@@ -50,7 +50,7 @@ def resolve_precision(requested: str, cuda_available: bool) -> Tuple[str, str]:
 def zero_section(stage: int, offload: str, on_cuda: bool, reduce_bucket_size: int) -> Dict[str, Any]:
     zero: Dict[str, Any] = {"stage": stage}
     if stage >= 1:
-        # Explicit, so the memory estimate (hpc_agent.memory) and DeepSpeed count the same bucket.
+        # Explicit, so the memory estimate (hpc_agent.policy.memory) and DeepSpeed count the same bucket.
         zero["reduce_bucket_size"] = int(reduce_bucket_size)
     if offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_cuda}

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from hpc_agent import rundir
-from hpc_agent.checkpoints import tag_for
-from hpc_agent.diagnosis.exit_codes import (EXIT_CONFIG, EXIT_GPU_HEALTH_CRITICAL, EXIT_OK,
-                                            EXIT_SIGNALLED_AFTER_CHECKPOINT)
+from hpc_agent.core import rundir
+from hpc_agent.core.checkpoint_format import tag_for
+from hpc_agent.core.exit_codes import EXIT_CONFIG, EXIT_GPU_HEALTH_CRITICAL, EXIT_OK, EXIT_SIGNALLED_AFTER_CHECKPOINT
 from hpc_agent.metrics.tb_reader import TB_FLUSH_EVERY_S
 from launch import checkpoint, heartbeat, resume, universal
 from launch.adaptive_loop import AdaptiveHolder, adapt
@@ -27,10 +26,10 @@ from launch.chaos_trigger import RuntimeTrigger
 from launch.distributed import Collectives, DistEnv
 from launch.dsconfig import build_ds_config
 from launch.faults import Faults
-from launch.gpu_health import GpuHealthMonitor, simulated_reader
+from launch.gpu_monitor import GpuHealthMonitor, simulated_reader
+from launch.lr_schedule import lr_factor
 from launch.recovery import CONTINUE, InJobRecovery, agree, repair_in_place
 from launch.rng import rng_state, seed as seed_rng
-from launch.schedule import lr_factor
 from launch.signals import StopRequest, signal_name
 from launch.snapshot import Snapshots
 from launch.tblog import TBLog, attempt_number, peak_memory_bytes
@@ -108,7 +107,7 @@ class Trainer:
         """The per-GPU memory estimate, only when a simulated GPU capacity (a fault) needs it."""
         if not self.faults.simulated_gib or self.t.workload != "gpt":
             return 0
-        from hpc_agent.memory import estimate_from_config
+        from hpc_agent.policy.memory import estimate_from_config
 
         return estimate_from_config(self.cfg).total_bytes
 

@@ -38,7 +38,7 @@ class Faults:
     def install(self, model: Any, estimate_bytes: int = 0) -> None:
         """Arm the out-of-memory faults: a forward pre-hook, so the error is raised inside forward.
 
-        ``estimate_bytes`` is hpc_agent.memory's per-GPU estimate for this config, compared with the
+        ``estimate_bytes`` is hpc_agent.policy.memory's per-GPU estimate for this config, compared with the
         simulated ``faults.gpu_memory_gib`` (armed in every attempt: it stands for the hardware)."""
         limit = self.cfg.oom_above_micro_batch
         if self.armed and limit and self.micro_batch_size > limit:

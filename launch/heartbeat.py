@@ -1,4 +1,4 @@
-"""The rank's heartbeat thread and its stack-dump signal (format: ``hpc_agent.heartbeat``; judge:
+"""The rank's heartbeat thread and its stack-dump signal (format: ``hpc_agent.core.heartbeat_format``; judge:
 ``hpc_agent.diagnosis.hang``).
 
 A daemon thread rewrites ``heartbeat/rank-R.json`` atomically every ``interval_s``. The main thread only
@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import IO, Mapping, Optional, Tuple
 
-from hpc_agent import rundir
-from hpc_agent.filemodes import make_dir, open_created
-from hpc_agent.fsutil import atomic_write_text
-from hpc_agent.heartbeat import PHASES, RECENT_STEPS, STACK_SIGNAL, STACK_SIGNAL_NAME, Beat, encode
-from hpc_agent.lease_rules import job_identity
+from hpc_agent.core import rundir
+from hpc_agent.core.filemodes import make_dir, open_created
+from hpc_agent.core.fsutil import atomic_write_text
+from hpc_agent.core.heartbeat_format import PHASES, RECENT_STEPS, STACK_SIGNAL, STACK_SIGNAL_NAME, Beat, encode
+from hpc_agent.core.lease_rules import job_identity
 
 DEFAULT_INTERVAL_S = 5.0  # resilience.heartbeat_s's default, used until the config is loaded
 FINAL_WRITE_WAIT_S = 1.0  # stop() waits at most this for a write in flight (a dead file system must not hold the exit)

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hpc_agent.filemodes import make_dir
+from hpc_agent.core.filemodes import make_dir
 
 
 class HostBuffers:

@@ -1,4 +1,4 @@
-"""The job's side of the run-directory lease (``hpc_agent/runlease.py``; its rules: ``lease_rules.py``).
+"""The job's side of the run-directory lease (``hpc_agent/core/runlease.py``; its rules: ``lease_rules.py``).
 
 Global rank 0 takes ``<run dir>/train.lease`` after the rendezvous and before anything is written into
 the run directory, then broadcasts the outcome, so every rank returns the same exit code: another live
@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
-from hpc_agent.diagnosis.exit_codes import EXIT_RUN_DIR_BUSY, EXIT_SIGNALLED_AFTER_CHECKPOINT
-from hpc_agent.lease_rules import TAKEOVER, LeaseWaitCancelled, RunDirBusy
-from hpc_agent.rundir import lease_path
-from hpc_agent.runlease import RunLease
+from hpc_agent.core.exit_codes import EXIT_RUN_DIR_BUSY, EXIT_SIGNALLED_AFTER_CHECKPOINT
+from hpc_agent.core.lease_rules import TAKEOVER, LeaseWaitCancelled, RunDirBusy
+from hpc_agent.core.rundir import lease_path
+from hpc_agent.core.runlease import RunLease
 from launch.signals import StopRequest
 
 OK, BUSY, SIGNALLED = "ok", "busy", "signalled"

@@ -12,14 +12,14 @@ position survives a resume. LambdaLR calls the factor with the number of updates
 which is exactly the 0-based index of the next update.
 
 With ``adaptive.enabled`` the factor is :func:`lr_factor_adaptive`: this schedule as changed by the
-adaptations in a :class:`hpc_agent.adaptive.ScheduleState` (warm restarts, decays). Its initial state
+adaptations in a :class:`hpc_agent.policy.adaptive_lr.ScheduleState` (warm restarts, decays). Its initial state
 gives exactly :func:`lr_factor`.
 """
 from __future__ import annotations
 
 import math
 
-from hpc_agent.adaptive import ScheduleState, restart_factor, scaled_factor
+from hpc_agent.policy.adaptive_lr import ScheduleState, restart_factor, scaled_factor
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:

@@ -1,6 +1,6 @@
 """DeepSpeed's compiled ops: built once by ``python -m hpc_agent.prepare``, loaded, never built, in a job.
 
-The rules and the ops directory are described in ``hpc_agent/ops_cache.py``. This module holds the two
+The rules and the ops directory are described in ``hpc_agent/core/ops_cache.py``. This module holds the two
 halves that need torch and DeepSpeed:
 
 * :func:`prepare` builds ops through DeepSpeed's own JIT path (``OpBuilder.jit_load``) into a build
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from hpc_agent.fsutil import atomic_write_json, hold_lock
-from hpc_agent.ops_cache import (MANIFEST, PreparedOp, Runtime, find_build_locks, find_prepared, manifest_data,
-                                 missing_op_message, ops_dir, python_tag, read_cpu_flags, read_manifest, runtime_dir,
-                                 sha256_of)
+from hpc_agent.core.fsutil import atomic_write_json, hold_lock
+from hpc_agent.core.ops_cache import (MANIFEST, PreparedOp, Runtime, find_build_locks, find_prepared, manifest_data,
+                                      missing_op_message, ops_dir, python_tag, read_cpu_flags, read_manifest,
+                                      runtime_dir, sha256_of)
 
 # The ops our jobs make DeepSpeed load, per accelerator: the CPU accelerator's shared-memory comm op at every
 # init_distributed; CPU Adam where the optimizer is offloaded from a GPU (on the CPU accelerator we give

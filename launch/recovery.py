@@ -3,13 +3,13 @@
 What is repaired (``resilience.in_job_retries`` repairs per attempt in total; 0 turns it off):
 
 - a ``torch.OutOfMemoryError`` in a training forward pass (a real one, or ``faults.oom_above_micro_batch``
-  / ``faults.oom_at_step``): the next rung of THE OOM ladder (``hpc_agent.memory`` through
+  / ``faults.oom_at_step``): the next rung of THE OOM ladder (``hpc_agent.policy.memory`` through
   ``policy.repair_rule``: the global batch is kept); the state before the failed step, still intact, is
   saved as a checkpoint, then the engine is rebuilt and loads it (no step is trained twice);
 - a non-finite loss, an FP16 loss-scale collapse or a loss spike, as THE divergence detector
   (``hpc_agent.metrics.divergence.detect``) reports them: the watcher's rollback and LR cut
   (``policy.repair_rule``): checkpoints from the divergence on are set aside like the watcher's
-  rollback does (``hpc_agent.checkpoints.set_aside_after``) and the engine restarts from the one before.
+  rollback does (``hpc_agent.core.checkpoint_format.set_aside_after``) and the engine restarts from the one before.
 
 Agreement: every rank must take the same branch at the same point. The loss is all-reduced before it is
 judged, so a divergence is seen everywhere alike. An OOM may hit one rank only, so each rank's "my forward
@@ -20,8 +20,8 @@ and an OOM in an NCCL call can wedge the communicator), or an OOM under ZeRO-3 i
 parameter gathers are collectives.
 
 When the budget is spent the job exits with the cause's exit code as before (OOM 3, NaN 65:
-``hpc_agent/diagnosis/exit_codes.py``); a spike or a loss-scale collapse then is only logged, as before. Each repair
-appends a line to the run's in-job journal (rank 0, fsynced; format: ``hpc_agent.in_job``) and goes into
+``hpc_agent/core/exit_codes.py``); a spike or a loss-scale collapse then is only logged, as before. Each repair
+appends a line to the run's in-job journal (rank 0, fsynced; format: ``hpc_agent.core.in_job_journal``) and goes into
 the run's ``config.yaml`` (:func:`carry_into_config`), which every later job of the run loads (a
 hand-over successor, a watcher resubmission); a later attempt of the *same Slurm job* (a requeue) also starts with the patches its earlier
 attempts recorded in the journal, so it does not run out of memory again even when that write failed.
@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent import checkpoints, in_job, rundir
-from hpc_agent.adaptive import adaptation_reason
-from hpc_agent.diagnosis.causes import Cause
-from hpc_agent.diagnosis.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY
+from hpc_agent.core import checkpoint_format, in_job_journal, rundir
+from hpc_agent.core.causes import Cause
+from hpc_agent.core.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY
 from hpc_agent.metrics.divergence import LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS, detect, newest_loss_may_alarm
+from hpc_agent.policy.adaptive_lr import adaptation_reason
 
 REPAIR, EXIT, CONTINUE = "repair", "exit", "continue"
 FAILED_BIT = 1 << 16  # above every signal number
@@ -113,7 +113,7 @@ def divergence_fault(losses: Sequence[Tuple[int, float]], scales: Sequence[Tuple
 def plan(fault: Fault, cfg: Any, budget_left: int, budget: int, checkpoint_steps: Sequence[int] = ()) -> Plan:
     """What to do about ``fault``: the policy's rule when the budget allows and the patch is one the job can
     apply in place (``train.*``); else exit with the cause's code (or, for a trend, carry on as before)."""
-    from hpc_agent.policy import RESUBMIT, Situation, repair_rule
+    from hpc_agent.policy.decide import RESUBMIT, Situation, repair_rule
 
     fatal = fault.cause == Cause.GPU_OOM.value or fault.kind == NAN_LOSS
     give_up = EXIT if fatal else CONTINUE
@@ -136,7 +136,7 @@ def plan(fault: Fault, cfg: Any, budget_left: int, budget: int, checkpoint_steps
     return Plan(REPAIR, fault.cause, decision.reason, dict(decision.patch), decision.rollback_to_step)
 
 
-def carried_patch(decisions: Sequence[in_job.InJobDecision], job_id: str, attempt: int) -> Dict[str, Any]:
+def carried_patch(decisions: Sequence[in_job_journal.InJobDecision], job_id: str, attempt: int) -> Dict[str, Any]:
     """The patches earlier attempts of this same job recorded, merged in order (a requeue keeps them)."""
     merged: Dict[str, Any] = {}
     for d in sorted(decisions, key=lambda d: d.seq):
@@ -164,7 +164,7 @@ class InJobRecovery:
         self.losses: List[Tuple[int, float]] = []
         self.scales: List[Tuple[int, float]] = []
         self.cut = False  # older loss points were dropped (HISTORY)
-        earlier = in_job.read(self.run_dir) if rank == 0 else ([], [])
+        earlier = in_job_journal.read(self.run_dir) if rank == 0 else ([], [])
         for problem in earlier[1]:
             say(f"in-job journal: skipped {problem}")
         self.seq = max((d.seq for d in earlier[0]), default=0)
@@ -194,7 +194,7 @@ class InJobRecovery:
                      capacity_bytes=gpu_capacity_bytes(texts))
 
     def decide(self, fault: Fault, cfg: Any) -> Plan:
-        steps = checkpoints.complete_steps(self.run_dir) if self.rank == 0 and fault.cause == "diverged" else []
+        steps = checkpoint_format.complete_steps(self.run_dir) if self.rank == 0 and fault.cause == "diverged" else []
         return plan(fault, cfg, self.left, self.budget, self.coll.broadcast_object(steps))
 
     def record(self, fault: Fault, p: Plan, cfg: Any) -> None:
@@ -203,9 +203,9 @@ class InJobRecovery:
         if self.rank == 0:
             self.seq += 1
             before = {k: getattr(cfg.train, k.split(".", 1)[1], None) for k in p.patch}
-            line = in_job.encode(in_job.InJobDecision(
-                self.seq, self.job_id, self.attempt, fault.step, fault.cause, in_job.ACTION, dict(p.patch),
-                p.rollback_to_step, (fault.detail[:in_job.MAX_TEXT],), time.time(), self.left, p.reason[:in_job.MAX_TEXT],
+            line = in_job_journal.encode(in_job_journal.InJobDecision(
+                self.seq, self.job_id, self.attempt, fault.step, fault.cause, in_job_journal.ACTION, dict(p.patch),
+                p.rollback_to_step, (fault.detail[:in_job_journal.MAX_TEXT],), time.time(), self.left, p.reason[:in_job_journal.MAX_TEXT],
                 before))
             _append_synced(rundir.in_job_journal_path(self.run_dir), line)
             try:
@@ -213,13 +213,13 @@ class InJobRecovery:
             except Exception as exc:  # noqa: BLE001 - the repair itself stands; a requeue still reads the journal
                 self.say(f"in-job repair settings not carried into {rundir.CONFIG}: {type(exc).__name__}: {exc}")
             if fault.cause == Cause.DIVERGED.value:
-                moved = checkpoints.set_aside_after(self.run_dir, p.rollback_to_step, fault.divergence_step)
+                moved = checkpoint_format.set_aside_after(self.run_dir, p.rollback_to_step, fault.divergence_step)
                 if moved:
                     self.say(f"rollback: set aside {', '.join(moved)}")
         self.coll.barrier()
 
     def record_adaptation(self, adaptation: Any) -> None:
-        """Rank 0: one journal line (fsynced) for an adaptation of the LR schedule (``hpc_agent.adaptive``);
+        """Rank 0: one journal line (fsynced) for an adaptation of the LR schedule (``hpc_agent.policy.adaptive_lr``);
         no repair budget is spent. The evidence is its ``[step, value]`` window (the first point and the
         last ones, when longer than the journal allows)."""
         if self.rank != 0:
@@ -227,11 +227,11 @@ class InJobRecovery:
         import json
 
         pairs = adaptation.to_dict()["evidence"]
-        if len(pairs) > in_job.MAX_EVIDENCE:
-            pairs = pairs[:1] + pairs[-(in_job.MAX_EVIDENCE - 1):]
+        if len(pairs) > in_job_journal.MAX_EVIDENCE:
+            pairs = pairs[:1] + pairs[-(in_job_journal.MAX_EVIDENCE - 1):]
         self.seq += 1
-        line = in_job.encode(in_job.InJobDecision(
-            self.seq, self.job_id, self.attempt, adaptation.step, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None,
+        line = in_job_journal.encode(in_job_journal.InJobDecision(
+            self.seq, self.job_id, self.attempt, adaptation.step, in_job_journal.ADAPT_CAUSE, in_job_journal.ADAPT_ACTION, {}, None,
             tuple(json.dumps(p) for p in pairs), time.time(), self.left,
             adaptation_reason(adaptation.kind, adaptation.reason)))
         _append_synced(rundir.in_job_journal_path(self.run_dir), line)
@@ -247,7 +247,7 @@ class InJobRecovery:
 
 
 def _append_synced(path: Path, line: str) -> None:
-    from hpc_agent.filemodes import make_dir, open_created
+    from hpc_agent.core.filemodes import make_dir, open_created
 
     make_dir(path.parent)
     fd = open_created(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))

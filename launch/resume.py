@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from hpc_agent.checkpoints import scan, select
-from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG
+from hpc_agent.core.checkpoint_format import scan, select
+from hpc_agent.core.exit_codes import EXIT_CONFIG
 from launch import universal
 from launch.recovery import adopt_configured_lr
 from launch.rng import seed as seed_rng, set_rng_state

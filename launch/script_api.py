@@ -181,7 +181,7 @@ def _layout() -> Dict[str, Any]:
 def load_checkpoint(engine: Any) -> int:
     """Load the newest complete checkpoint (``context().resume_tag``) into the DeepSpeed engine; returns its
     step, 0 when starting fresh. Call it on every rank, right after ``deepspeed.initialize``."""
-    from hpc_agent.checkpoints import read_candidate
+    from hpc_agent.core.checkpoint_format import read_candidate
     from launch import resume
 
     ctx = context()

@@ -16,7 +16,7 @@ samples: the data position is the step number).
 
 Exit code 75 (``EXIT_SIGNALLED_AFTER_CHECKPOINT``) means "a complete checkpoint exists; resume from it". What
 happens to the Slurm job after the save is :func:`hand_back_to_slurm`'s business; under hpc_agent's job
-script a SIGUSR2 rank exits 0 instead and the batch shell reports 75 (``hpc_agent/handback.py``).
+script a SIGUSR2 rank exits 0 instead and the batch shell reports 75 (``hpc_agent/core/handback.py``).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
-from hpc_agent.handback import BATCH_REQUEUE_ENV, marker_path
+from hpc_agent.core.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
+from hpc_agent.core.handback import BATCH_REQUEUE_ENV, marker_path
 
 HANDLED = (signal.SIGTERM, signal.SIGUSR2)
 WAIT_FOR_SLURM_S = 3600.0  # longer than any GraceTime + KillWait: Slurm ends the wait first
@@ -107,8 +107,8 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
 
     - SIGUSR2 is Slurm's warning (``--signal=USR2@lead``): the time limit is near, or, with
       ``SlurmctldParameters=preempt_send_user_signal``, a preemption has begun. Under hpc_agent's job
-      script (``hpc_agent.handback.BATCH_REQUEUE_ENV`` set) rank 0 leaves the hand-back marker, every rank
-      exits 0 (so that srun does not terminate the step: ``hpc_agent/handback.py``), and the batch shell
+      script (``hpc_agent.core.handback.BATCH_REQUEUE_ENV`` set) rank 0 leaves the hand-back marker, every rank
+      exits 0 (so that srun does not terminate the step: ``hpc_agent/core/handback.py``), and the batch shell
       requeues the job once the training step has ended. Measured on the localhost Slurm (22.05): a requeue while the step's
       tasks live leaves the step to slurmstepd's kill loop, which ends it ~2.3 s later (1 s sleeps between
       checks), and Slurm requeues only then; a requeue after the step ended is done in ~0.1 s. Elsewhere
@@ -158,9 +158,9 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
 
 
 def _leave_marker(environ) -> bool:
-    """Rank 0's "checkpoint complete, requeue me" for the batch shell (``hpc_agent.handback.marker_path``);
+    """Rank 0's "checkpoint complete, requeue me" for the batch shell (``hpc_agent.core.handback.marker_path``);
     False when it cannot be written, and the rank exits 75 instead."""
-    from hpc_agent.fsutil import atomic_write_text
+    from hpc_agent.core.fsutil import atomic_write_text
 
     run_dir, job_id = environ.get("HPC_AGENT_RUN_DIR"), environ.get("SLURM_JOB_ID")
     if not run_dir or not job_id or not os.path.isdir(run_dir):  # never create a run dir here

@@ -12,7 +12,7 @@ Snapshots shorten that: every ``resilience.snapshot_every`` optimizer steps each
 2. (a background thread) ``torch.save``s its files into ``checkpoints/snap_<step>/``, fsyncs them and
    writes a report (its file names and sizes);
 3. rank 0's thread waits for every rank's report, checks the sizes on disk and only then writes
-   ``COMPLETE.json`` (the same marker and rules as checkpoints: ``hpc_agent.checkpoints``), then applies
+   ``COMPLETE.json`` (the same marker and rules as checkpoints: ``hpc_agent.core.checkpoint_format``), then applies
    retention (only the newest complete snapshot is kept, and only while it is newer than every
    checkpoint).
 
@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from hpc_agent import checkpoints, rundir
-from hpc_agent.filemodes import dir_mode, group_of, make_dir, open_created, set_mode
-from hpc_agent.fsutil import atomic_write_json
+from hpc_agent.core import checkpoint_format, rundir
+from hpc_agent.core.filemodes import dir_mode, group_of, make_dir, open_created, set_mode
+from hpc_agent.core.fsutil import atomic_write_json
 from launch import checkpoint
 from launch.host_copy import HostBuffers, capture, copy_recovery_scripts
 
@@ -104,7 +104,7 @@ class Snapshots:
         if worst:
             self.settle()  # a checkpoint waits for the write in flight (the caller's phase says "saving")
         started = time.perf_counter()
-        tag = checkpoints.tag_for(step) if full else checkpoints.snap_tag_for(step)
+        tag = checkpoint_format.tag_for(step) if full else checkpoint_format.snap_tag_for(step)
         if self.rank == 0:
             make_dir(self.root)
             if (self.root / tag).exists():  # torn leftover of an earlier attempt (or of a rollback)

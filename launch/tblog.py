@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Deque, Dict, Iterator, Mapping, Optional, Tuple, Union
 
-from hpc_agent import rundir
-from hpc_agent.filemodes import make_dir, open_created
+from hpc_agent.core import rundir
+from hpc_agent.core.filemodes import make_dir, open_created
 from hpc_agent.metrics.tb_reader import EVENT_GLOB
 
 _FILE_NUMBER = itertools.count()  # event files this process opened: part of each one's name

@@ -2,8 +2,8 @@
 
     python -m launch.train CONFIG_SNAPSHOT RUN_DIR
 
-Inside a job ``hpc_agent.job.TrainingJob`` calls :func:`main` in every task of the srun step. The
-return value is the exit code (table in ``hpc_agent/diagnosis/exit_codes.py`` and ``docs/exit_codes.md``). The work
+Inside a job ``launch.job.TrainingJob`` calls :func:`main` in every task of the srun step. The
+return value is the exit code (table in ``hpc_agent/core/exit_codes.py`` and ``docs/exit_codes.md``). The work
 itself is in ``launch/engine.py``; this file only wires the pieces and maps failures to exit codes.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from hpc_agent.diagnosis.exit_codes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_OUT_OF_MEMORY,
-                                            EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE)
+from hpc_agent.core.exit_codes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_OUT_OF_MEMORY,
+                                       EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE)
 from launch import console, heartbeat, startup
 from launch.signals import StopRequest, hand_back_to_slurm
 
@@ -48,7 +48,7 @@ def main(config_path: str, run_dir: str) -> int:
 
 
 def _main(config_path: str, run_dir: str, stop: StopRequest) -> int:
-    from hpc_agent.extras import MissingExtra
+    from hpc_agent.core.extras import MissingExtra
     from launch.ops import OpNotPrepared
 
     try:
@@ -74,7 +74,7 @@ def _train(config_path: str, run_dir: str, stop: StopRequest) -> int:
 
     import torch
 
-    from hpc_agent.code_manifest import activate
+    from hpc_agent.core.code_manifest import activate
     from launch import distributed
     from launch.dsconfig import PrecisionUnavailable, resolve_precision
 

@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hpc_agent.fsutil import atomic_write_json  # noqa: E402
+from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.chaos import inject  # noqa: E402
-from hpc_agent.chaos.driver import ChaosDriver, Target, submit_run  # noqa: E402
+from hpc_agent.chaos.campaign import ChaosDriver, Target, submit_run  # noqa: E402
 from hpc_agent.chaos.report import p3, render  # noqa: E402
 from hpc_agent.chaos.schedule import Fault  # noqa: E402
 from hpc_agent.slurm.cli import SlurmCLI  # noqa: E402
@@ -42,7 +42,7 @@ RUN = ["slurm.cpus_per_task=1", "slurm.time=02:00:00", "train.max_steps=1000000"
 NODES = {"watcher": "node2", "native": "node1"}  # excluded node per run: one run per node
 # What each side may do by itself. configs/chaos.yaml turns in-job repairs off (the chaos tests check the
 # watcher's own repairs); the toolkit's run gets them back, plus snapshots every 25 steps (~2 s here) and the
-# hand-over to a successor job at a preemption (hpc_agent/handback.py), which a hand-written sbatch script does not have.
+# hand-over to a successor job at a preemption (hpc_agent/core/handback.py), which a hand-written sbatch script does not have.
 SIDE = {"watcher": ["resilience.in_job_retries=2", "resilience.snapshot_every=25", "resilience.successor_on_preempt=true"],
         "native": ["resilience.in_job_retries=0", "resilience.snapshot_every=0"]}
 MIX = ("preempt", "gpu_oom", "preempt", "nan", "preempt", "host_oom")

@@ -7,7 +7,7 @@ Runs on a machine with an NVIDIA GPU: ``doctor`` (GPU health via pynvml), then s
 gpt workload (sizes, micro-batches, ZeRO 1/2/3, checkpointing; see SIZES) through the local executor,
 and compares
 ``torch.cuda.max_memory_allocated`` (TensorBoard ``perf/peak_mem_bytes``) with
-``hpc_agent.memory.estimate_from_config``. The peak excludes the CUDA context, which the estimate
+``hpc_agent.policy.memory.estimate_from_config``. The peak excludes the CUDA context, which the estimate
 leaves out too. Without a GPU it says so and exits 3 (nothing measured).
 
 ``--rescore FILE`` recomputes the estimates of a measured file with the current estimator (pure
@@ -27,9 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hpc_agent.fsutil import atomic_write_json  # noqa: E402
+from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.config.load import load_config  # noqa: E402
-from hpc_agent.memory import estimate_from_config  # noqa: E402
+from hpc_agent.policy.memory import estimate_from_config  # noqa: E402
 from hpc_agent.metrics.tb_reader import RunScalars  # noqa: E402
 
 # (layers, width, heads, seq, micro-batch, ZeRO stage, activation checkpointing). The rows vary one

@@ -9,7 +9,7 @@ in the preemptable partition ``low`` (1 task, ``--requeue``, ``--signal=B:USR2@6
 in ``high`` that needs that whole node for ``--hold`` seconds preempts it; the other node is free. The
 victim's batch shell traps the preemption signal and hands over one way:
 
-- ``requeue_expedite``: today's path (``hpc_agent/handback.py``). It requeues itself; this script plays the
+- ``requeue_expedite``: today's path (``hpc_agent/core/handback.py``). It requeues itself; this script plays the
   watcher and expedites it (``scontrol update StartTime=now``) as soon as ``squeue`` shows it pending on its
   begin time (polled every 0.05 s).
 - ``requeue_expedite_late``: the same, expedited ``LATE_S`` (0.5 s) later, as late as P1's watcher does.
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from hpc_agent.fsutil import atomic_write_json  # noqa: E402
+from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 
 PATHS = ("requeue_expedite", "requeue_expedite_late", "successor_exit", "successor_requeuehold")
 LATE_S = 0.5

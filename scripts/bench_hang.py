@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hpc_agent.ledger import Ledger  # noqa: E402
+from hpc_agent.state.ledger import Ledger  # noqa: E402
 from hpc_agent.slurm.cli import SlurmCLI  # noqa: E402
 from hpc_agent.slurm.queries import queue_state  # noqa: E402
 

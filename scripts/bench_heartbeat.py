@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpc_agent import rundir  # noqa: E402
+from hpc_agent.core import rundir  # noqa: E402
 from launch.heartbeat import Heartbeat  # noqa: E402
 
 

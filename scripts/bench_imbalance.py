@@ -89,8 +89,8 @@ def train_and_evaluate(cfg, steps: int, batch_size: int = 128, lr: float = 3e-3)
 def train_with_trainer(cfg, work_dir: Path, threads: int = 1, timeout: float = 900) -> dict:
     """Run the toolkit's training job (``python -m launch.train``) on ``cfg`` in ``work_dir``; return the
     final evaluation's metrics from its TensorBoard log, and the adaptations its journal records."""
-    from hpc_agent import in_job, rundir
-    from hpc_agent.adaptive import adaptation_kind
+    from hpc_agent.core import in_job_journal, rundir
+    from hpc_agent.policy.adaptive_lr import adaptation_kind
     from hpc_agent.config.load import to_yaml
     from hpc_agent.metrics.tb_reader import RunScalars
 
@@ -110,12 +110,12 @@ def train_with_trainer(cfg, work_dir: Path, threads: int = 1, timeout: float = 9
     scalars = RunScalars(rundir.tb_dir(run_dir))
     scalars.update()
     metrics = {tag: scalars.series(tag)[-1].value for tag in EVAL_TAGS}
-    decisions, problems = in_job.read(run_dir)
+    decisions, problems = in_job_journal.read(run_dir)
     if problems:
         raise RuntimeError(f"{run_dir}: in-job journal: {problems}")
     metrics["adaptations"] = [f"{adaptation_kind(d.reason)}@{d.step}" for d in decisions
-                              if d.action == in_job.ADAPT_ACTION]
-    metrics["repairs"] = [f"{d.cause}@{d.step}" for d in decisions if d.action != in_job.ADAPT_ACTION]
+                              if d.action == in_job_journal.ADAPT_ACTION]
+    metrics["repairs"] = [f"{d.cause}@{d.step}" for d in decisions if d.action != in_job_journal.ADAPT_ACTION]
     metrics["seconds"] = time.perf_counter() - started
     return metrics
 
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
                                                            ", warmup + cosine (the training job's schedule)"))
     result["total_seconds"] = time.perf_counter() - started
     out = Path(args.out)
-    from hpc_agent.fsutil import atomic_write_json
+    from hpc_agent.core.fsutil import atomic_write_json
 
     atomic_write_json(out, result)
     print()

@@ -72,7 +72,7 @@ def main() -> int:
            "commands": {k: " ".join(v[1:]) for k, v in commands.items()}, "summary": summary,
            "samples_s": {k: [round(x, 4) for x in v] for k, v in samples.items()},
            "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    from hpc_agent.fsutil import atomic_write_json
+    from hpc_agent.core.fsutil import atomic_write_json
 
     atomic_write_json(Path(args.out), out)
     print(json.dumps(summary, indent=2))

@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from hpc_agent.fsutil import atomic_write_json  # noqa: E402
-from hpc_agent.gpu_types import peak_tflops  # noqa: E402
-from hpc_agent.memory import gpt_param_count  # noqa: E402
+from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
+from hpc_agent.policy.gpu_types import peak_tflops  # noqa: E402
+from hpc_agent.policy.memory import gpt_param_count  # noqa: E402
 
 MODELS = {"124m": {"n_layers": 12, "d_model": 768, "n_heads": 12},
           "350m": {"n_layers": 24, "d_model": 1024, "n_heads": 16}}
@@ -132,8 +132,8 @@ def markdown_table(result: Dict) -> str:
 
 # ---- measurement ------------------------------------------------------------------------------------------
 def gpu_name() -> str:
-    """GPU 0's name from NVML (``hpc_agent.health``, the one NVML reader), else from CUDA (the same string)."""
-    from hpc_agent.health import read_gpus
+    """GPU 0's name from NVML (``hpc_agent.diagnosis.gpu_health``, the one NVML reader), else from CUDA (the same string)."""
+    from hpc_agent.diagnosis.gpu_health import read_gpus
 
     readings, _ = read_gpus()
     if readings:

@@ -10,7 +10,7 @@ raises a CUDA-style out-of-memory error, injected in one of two ways:
 - ``halving``: ``faults.oom_above_micro_batch=L`` with ``faults.first_attempt_only=false`` (the limit
   stands for the hardware, so it holds in every attempt). The message states no GPU capacity, so the
   watcher takes the next rung of its ladder: halve the micro-batch, double the accumulation.
-- ``estimator``: ``faults.gpu_memory_gib=C``, a simulated GPU: the job OOMs while hpc_agent.memory's
+- ``estimator``: ``faults.gpu_memory_gib=C``, a simulated GPU: the job OOMs while hpc_agent.policy.memory's
   per-GPU estimate for its config exceeds C, and the message states C as CUDA's does, so the watcher
   can pick the first rung whose estimate fits.
 
@@ -140,8 +140,7 @@ def _cfg(knobs: Dict[str, object]):
 
 
 def estimate_rungs(knobs: Dict[str, object]):
-    from hpc_agent.memory import estimate_from_config, estimate_with_patch
-    from hpc_agent.memory import train_after, gpu_oom_rung
+    from hpc_agent.policy.memory import estimate_from_config, estimate_with_patch, gpu_oom_rung, train_after
 
     cfg = _cfg(knobs)
     out, patch = [({}, estimate_from_config(cfg).total_bytes)], {}
@@ -153,9 +152,9 @@ def estimate_rungs(knobs: Dict[str, object]):
 
 def policy_outcome(case: Dict[str, object], capacity_known: bool) -> Dict[str, object]:
     """What ``decide`` proposes for the first OOM, and whether that config passes the same fault."""
-    from hpc_agent.diagnosis.causes import Cause
-    from hpc_agent.memory import estimate_with_patch
-    from hpc_agent.policy import PolicyLimits, Situation, decide
+    from hpc_agent.core.causes import Cause
+    from hpc_agent.policy.memory import estimate_with_patch
+    from hpc_agent.policy.decide import PolicyLimits, Situation, decide
 
     cfg = _cfg(case["overrides"])
     cap = int(case["capacity_mib"] * 2**20) if case["ladder"] == "estimator" else None
@@ -185,7 +184,7 @@ def policy_evaluation(n: int, seed: int) -> Dict[str, object]:
 
 # --- the cluster run -----------------------------------------------------------------------------------------
 def run_on_cluster(cases: List[Dict[str, object]], work: Path, timeout_s: float) -> List[Dict[str, object]]:
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
     from tests.slurm_helpers import WatcherProcess, cleanup_jobs, log_text, submit
 
     root = work / "runs"
@@ -246,7 +245,7 @@ def main() -> int:
         out["cluster"] = {ladder: rate([o for o in outcomes if o["ladder"] == ladder]) for ladder in ladders}
         out["cases"] = outcomes
         print(json.dumps(out["cluster"], indent=2))
-    from hpc_agent.fsutil import atomic_write_json
+    from hpc_agent.core.fsutil import atomic_write_json
 
     atomic_write_json(Path(args.out), out)
     return 0

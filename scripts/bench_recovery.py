@@ -11,7 +11,7 @@ in the preemptable partition; a job in the high partition that needs every CPU o
 from the preemptor's submission to the first step logged by the resumed attempt. "native" relies on Slurm's
 own requeue (eligible again 121 s later); "watcher" runs ``python -m hpc_agent.watch``, which expedites the
 requeued job; "successor" is the watcher mode with ``resilience.successor_on_preempt`` on: the job hands over to
-a successor job it submits at the signal (hpc_agent/handback.py; ``--modes successor,watcher,native``). The
+a successor job it submits at the signal (hpc_agent/core/handback.py; ``--modes successor,watcher,native``). The
 modes run in the same session, alternating, so the ratios are measured under the same load.
 A native trial takes ~130 s: ``--native-trials N`` runs native only in the first N rounds, and
 ``--reuse-native OLD.json`` adds the native trials of an earlier results file to the native figures (marked
@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import subprocess
 import json
 import re
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -234,11 +234,11 @@ def _lines_since(path: Path, offset: int) -> List[str]:
 
 SIDE = {"successor": ("resilience.successor_on_preempt=true",)}
 """Config overrides per mode: ``successor`` is the watcher mode with the job's hand-over to a successor job
-(hpc_agent/handback.py) on."""
+(hpc_agent/core/handback.py) on."""
 
 
 def trial(mode: str, index: int, work: Path, interval: float, partition: str, hold_s: int) -> dict:
-    from hpc_agent.handback import read_successor
+    from hpc_agent.core.handback import read_successor
     from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, job_nodes, last_step, log_text,
                                      preempt_node, submit, wait_for)
 
@@ -394,7 +394,7 @@ def main() -> int:
            "median_segments": {m: median_segments(results, m) for m in summary if m in modes},
            "milestones": dict(MILESTONES), "trials": results, "bench_wall_s": wall_s,
            "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    from hpc_agent.fsutil import atomic_write_json
+    from hpc_agent.core.fsutil import atomic_write_json
 
     atomic_write_json(Path(args.out), out)
     partial.unlink(missing_ok=True)

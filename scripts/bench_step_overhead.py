@@ -2,7 +2,7 @@
 
     python scripts/bench_step_overhead.py [--baseline REV | --baseline-setting KEY=VALUE ...] [--steps 400] [--rounds 2] [--out F]
 
-ETTR (scripts/bench_ettr.py, hpc_agent/runreview.py) counts as productive only the time inside each step
+ETTR (scripts/bench_ettr.py, hpc_agent/runs/history.py) counts as productive only the time inside each step
 (``perf/step_time_s``: forward, backward, optimizer step). Everything the loop does between two steps is lost
 time: the loss mean and the in-job fault check, TensorBoard, the log line, snapshots and checkpoints. This runs
 ``python -m launch.train`` directly (no Slurm), one process on one CPU with the P2 run's model and settings
@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_ettr import RUN, SIDE  # noqa: E402
-from hpc_agent.fsutil import atomic_write_json  # noqa: E402
+from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 
 WARMUP = 50
 DEFAULT_BASELINE = "1df3dbe"  # main before the per-step cuts (the TensorBoard event per step, the fault pre-check)
@@ -55,7 +55,7 @@ def snapshot_cycle(points: list, every: int) -> dict:
 def overhead(run_dir: Path, spawned_at: float, every: int = 0) -> dict:
     """Overhead from a run's TensorBoard series (steps after the warm-up), and its start-up."""
     from hpc_agent.metrics.tb_reader import RunScalars
-    from hpc_agent.rundir import tb_dir
+    from hpc_agent.core.rundir import tb_dir
 
     scalars = RunScalars(tb_dir(run_dir))
     scalars.update()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # noqa: E402
 
-from hpc_agent.fsutil import atomic_write_json  # noqa: E402
+from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.metrics.tb_reader import RunScalars  # noqa: E402
 
 TAG = "train/loss"

@@ -37,7 +37,7 @@ from typing import Dict, Iterable, List, Sequence
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hpc_agent.fsutil import atomic_write_json  # noqa: E402
+from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.slurm.cli import SlurmCLI  # noqa: E402
 from hpc_agent.slurm.sacct import SACCT_FIELDS  # noqa: E402
 
@@ -57,7 +57,7 @@ def synthetic_sacct(job_ids: Sequence[str], fields: Sequence[str] = SACCT_FIELDS
     submitted = time.strftime("%Y-%m-%dT%H:%M:%S")
     for i, job in enumerate(job_ids):
         pending = pending_every and i % pending_every == pending_every - 1
-        # The name and submit time of the run's own job (hpc_agent/job_match.py ignores another job's records).
+        # The name and submit time of the run's own job (hpc_agent/slurm/job_match.py ignores another job's records).
         base = {"JobID": job, "JobName": f"hpc_agent:load-{int(job) - FIRST_JOB_ID:05d}", "ExitCode": "0:0",
                 "Elapsed": "00:10:00", "Submit": submitted,
                 "State": "PENDING" if pending else "RUNNING", "NodeList": "None assigned" if pending else "node1",
@@ -125,7 +125,7 @@ class CountingSlurm:
 
 def build_runs_root(root: Path, n: int) -> float:
     """N runs, each submitted (job 9000000 + i) and ``pending``, in one ledger transaction; returns seconds."""
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     t0 = time.perf_counter()
     ledger = Ledger.in_runs_root(root)
@@ -143,8 +143,8 @@ def build_runs_root(root: Path, n: int) -> float:
 
 
 def measure(n: int, ticks: int, work: Path, profile: bool) -> Dict[str, object]:
-    from hpc_agent.ledger import Ledger
-    from hpc_agent.watcher import Watcher
+    from hpc_agent.state.ledger import Ledger
+    from hpc_agent.watcher.loop import Watcher
 
     root = work / f"n{n}"
     build_s = build_runs_root(root, n)

@@ -19,7 +19,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/nvidia_smi.txt"
 python3 -c "import sys, torch, deepspeed; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'deepspeed', deepspeed.__version__)" 2>&1 | grep -v WARNING | tee "$OUT/versions.txt"
 status=0
-# DeepSpeed's ops are built here, not inside the tests' jobs (hpc_agent/ops_cache.py); on CUDA only the
+# DeepSpeed's ops are built here, not inside the tests' jobs (hpc_agent/core/ops_cache.py); on CUDA only the
 # offload path needs one (cpu_adam), and a machine without the CUDA toolkit skips it with a warning.
 export HPC_AGENT_OPS_DIR=${HPC_AGENT_OPS_DIR:-/tmp/ds_ops}
 python3 -m hpc_agent.prepare 2>&1 | tee "$OUT/prepare.log" || status=1

@@ -112,7 +112,7 @@ def preempt_all_nodes(seconds: int = 3) -> str:
 
 
 def ledger_job_ids(root: Path, run_id: str) -> List[str]:
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     return [s.job_id for s in Ledger.in_runs_root(root).submissions(run_id) if s.job_id]
 
@@ -157,7 +157,7 @@ class WatcherProcess:
 
 def cleanup_jobs(root: Path) -> None:
     """Cancel whatever the test left queued or running under this runs root's run ids."""
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     if not (root / "ledger.sqlite").exists():
         return
@@ -239,6 +239,6 @@ def first_attempt_pids(job_id: str) -> List[int]:
 
 def run_phase(root: Path, run_id: str) -> str:
     """The run's phase in the ledger under the runs root."""
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     return Ledger.in_runs_root(root).run(run_id).phase

@@ -1,4 +1,4 @@
-"""hpc_agent.adaptive and the ``adaptive:`` section: the adaptive schedule's decisions and LR factor (pure,
+"""hpc_agent.policy.adaptive_lr and the ``adaptive:`` section: the adaptive schedule's decisions and LR factor (pure,
 table-driven): synthetic loss and gradient-norm series are fed step by step, as the training loop will."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Callable, List, Tuple
 
 import pytest
 
-from hpc_agent.adaptive import (ESCALATE_ROLLBACK, LR_DECAY, WARM_RESTART, Adaptation, ScheduleState, decide,
-                                restart_factor, scaled_factor, trim_history)
 from hpc_agent.config.adaptive import AdaptiveConfig
 from hpc_agent.config.load import build_config
 from hpc_agent.config.problems import ConfigError
-from launch.schedule import lr_factor, lr_factor_adaptive, lr_factor_unscaled
+from hpc_agent.policy.adaptive_lr import (ESCALATE_ROLLBACK, LR_DECAY, WARM_RESTART, Adaptation, ScheduleState, decide,
+                                          restart_factor, scaled_factor, trim_history)
+from launch.lr_schedule import lr_factor, lr_factor_adaptive, lr_factor_unscaled
 
 TOTAL, WARMUP, MIN_LR = 1000, 10, 0.1
 

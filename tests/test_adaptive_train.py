@@ -6,11 +6,11 @@ import re
 import pytest
 
 from helpers.common import TINY, expect, losses, merge, run, snapshot, tb_scalars
-from hpc_agent import in_job
-from hpc_agent.adaptive import decide
-from hpc_agent.checkpoints import tag_for
 from hpc_agent.config.load import build_config
-from launch.schedule import lr_factor, lr_factor_adaptive, lr_factor_unscaled
+from hpc_agent.core import in_job_journal
+from hpc_agent.core.checkpoint_format import tag_for
+from hpc_agent.policy.adaptive_lr import decide
+from launch.lr_schedule import lr_factor, lr_factor_adaptive, lr_factor_unscaled
 
 STEPS, WARMUP, LR = 16, 2, 1e-3
 
@@ -25,7 +25,7 @@ def _replay(sections, run_dir, tag="train/loss"):
     cfg = build_config([merge(TINY, sections)])
     t, a = cfg.train, cfg.adaptive
     loss, norm = tb_scalars(run_dir, tag), tb_scalars(run_dir, "train/grad_norm")
-    from hpc_agent.adaptive import ScheduleState
+    from hpc_agent.policy.adaptive_lr import ScheduleState
 
     state, made, ls, ns = ScheduleState(), [], [], []
     for step in range(1, STEPS + 1):
@@ -41,9 +41,9 @@ def _replay(sections, run_dir, tag="train/loss"):
 
 
 def _adaptations(run_dir):
-    decisions, problems = in_job.read(run_dir)
+    decisions, problems = in_job_journal.read(run_dir)
     assert problems == []
-    return [d for d in decisions if d.action == in_job.ADAPT_ACTION]
+    return [d for d in decisions if d.action == in_job_journal.ADAPT_ACTION]
 
 
 PLATEAU = dict(max_restarts=1, plateau_window=3, plateau_min_rel_improvement=0.9, restart_fraction=1.0,
@@ -142,7 +142,7 @@ def test_an_escalation_rolls_back_through_the_divergence_rollback(tmp_path):
     out = run(snapshot(tmp_path / "cfg.yaml", **sections), run_dir)
     expect(out, 0, "done: 16 steps", "adaptive schedule at step 8: escalate_rollback",
            "in-job repair 1 of 2: grad_explosion at step 8", "resumed at step 4", "train.lr 0.0005")
-    decisions, problems = in_job.read(run_dir)
+    decisions, problems = in_job_journal.read(run_dir)
     assert problems == []
     assert [(d.action, d.cause, d.step) for d in decisions] == [
         ("adaptive_schedule", "adaptive", 8), ("in_job_repair", "diverged", 8)]

@@ -1,4 +1,4 @@
-"""Every action on Slurm writes an audit record with who, what, why and the config diff (hpc_agent/audit.py).
+"""Every action on Slurm writes an audit record with who, what, why and the config diff (hpc_agent/state/audit.py).
 
 The action types are enumerated from the code: every effect the watcher can carry out (``effects._HANDLERS``,
 bar the ones ``audit.NOT_ACTIONS`` names) is journaled, carried out against the canonical FakeSlurm and must
@@ -13,11 +13,13 @@ import socket
 
 import pytest
 
-from hpc_agent import audit, effects
-from hpc_agent.follow_model import Adopt, Cancel, Exclude, Expedite, Outcome, ReleaseLease, Requeue, RequestStacks, Resubmit
-from hpc_agent.journal import Journal
-from hpc_agent.lifecycle import Phase
-from hpc_agent.review_plot import boundary_labels
+from hpc_agent.state import audit
+from hpc_agent.watcher import effects
+from hpc_agent.watcher.follow_model import (Adopt, Cancel, Exclude, Expedite, Outcome, ReleaseLease, Requeue,
+                                            RequestStacks, Resubmit)
+from hpc_agent.state.journal import Journal
+from hpc_agent.state.lifecycle import Phase
+from hpc_agent.runs.plot import boundary_labels
 from tests.test_watcher import OOM_LOG, add_run, world  # noqa: F401 (world: the fixture)
 
 PATCH = {"train.micro_batch_size": 4}

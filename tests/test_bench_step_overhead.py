@@ -19,7 +19,7 @@ def _bench():
 def test_overhead_is_the_wall_time_outside_the_steps_after_the_warm_up(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
-    from hpc_agent.rundir import tb_dir
+    from hpc_agent.core.rundir import tb_dir
 
     bench = _bench()
     writer = SummaryWriter(str(tb_dir(tmp_path)))
@@ -38,7 +38,7 @@ def test_overhead_is_the_wall_time_outside_the_steps_after_the_warm_up(tmp_path)
 def test_too_few_steps_is_an_error(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
-    from hpc_agent.rundir import tb_dir
+    from hpc_agent.core.rundir import tb_dir
 
     writer = SummaryWriter(str(tb_dir(tmp_path)))
     writer.add_scalar("perf/step_time_s", 0.1, 1)

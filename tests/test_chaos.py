@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hpc_agent.chaos.progress import Progress, Segment, parse_progress, recovered_segment, steps_lost
+from hpc_agent.chaos.log_segments import Progress, Segment, parse_progress, recovered_segment, steps_lost
 from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, ettr, fault_checks,
                                     final_checkpoint_check, p3, passed, render, time_lost)
 from hpc_agent.chaos.schedule import (DEFAULT_MIX, KINDS, Fault, ScheduleError, from_seed, load_schedule_text,
@@ -363,7 +363,7 @@ def test_trigger_host_oom_allocates_on_rank0_only(tmp_path, monkeypatch):
 def test_kill_during_save_stalls_before_the_marker(tmp_path):
     """The save reaches the hook after every shard and before COMPLETE.json; a kill there leaves a
     checkpoint that the resume skips."""
-    from hpc_agent.checkpoints import MARKER, scan, select, tag_for
+    from hpc_agent.core.checkpoint_format import MARKER, scan, select, tag_for
     from launch.checkpoint import save
     from tests.test_checkpoint import FakeEngine
 
@@ -415,7 +415,7 @@ def test_cli_missing_schedule_file(tmp_path):
 
 
 def test_chaos_cli_imports_no_torch():
-    code = ("import sys; from hpc_agent.chaos.__main__ import main; import hpc_agent.chaos.driver; "
+    code = ("import sys; from hpc_agent.chaos.__main__ import main; import hpc_agent.chaos.campaign; "
             "main(['--print-schedule']); assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -441,8 +441,8 @@ def test_an_in_job_repair_is_attributed_to_the_event_the_watcher_writes_after_tr
     """The job repairs a NaN and trains on before the watcher's next poll copies its journal line into
     events.jsonl: the record stays open (up to ATTRIBUTION_WAIT_S) for that event, and its recovery time is
     the moment training went on, not the moment the event arrived."""
-    from hpc_agent.chaos import driver as chaos_driver
-    from hpc_agent.chaos.driver import ATTRIBUTION_WAIT_S, ChaosDriver, _Open
+    from hpc_agent.chaos import campaign as chaos_driver
+    from hpc_agent.chaos.campaign import ATTRIBUTION_WAIT_S, ChaosDriver, _Open
 
     clock = [1000.0]
     monkeypatch.setattr(chaos_driver.time, "time", lambda: clock[0])
@@ -479,7 +479,7 @@ def test_attempt_end_reads_sacct_end_and_none_while_running():
     """The chaos driver's attempt ends come from sacct's End through the same attempt grouping the watcher uses."""
     import datetime as dt
 
-    from hpc_agent.observe import attempt_end, attempt_start
+    from hpc_agent.watcher.observe import attempt_end, attempt_start
     from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 
     text = ("JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed\n"
@@ -497,8 +497,8 @@ def test_the_summary_reads_tensorboard_one_flush_after_the_window_and_counts_ste
     """A job still training appends its TensorBoard events every FLUSH_EVERY_S: the steps of the window's last
     seconds reach the disk after it ends. The driver waits one flush interval before reading, and credits only
     the steps that ended by the window's end."""
-    from hpc_agent.chaos import driver as chaos_driver
-    from hpc_agent.chaos.driver import FLUSH_MARGIN_S, ChaosDriver
+    from hpc_agent.chaos import campaign as chaos_driver
+    from hpc_agent.chaos.campaign import FLUSH_MARGIN_S, ChaosDriver
     from hpc_agent.metrics.tb_reader import TB_FLUSH_EVERY_S
 
     clock = [1000.0]

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from hpc_agent.checkpoints import MARKER, Candidate, problem, retention, scan, select, step_of, tag_for
+from hpc_agent.core.checkpoint_format import MARKER, Candidate, problem, retention, scan, select, step_of, tag_for
 from launch.checkpoint import apply_retention, owned_by
 
 FILES = {"mp_rank_00_model_states.pt": 100, "zero_pp_rank_0_mp_rank_00_optim_states.pt": 50}
@@ -232,18 +232,18 @@ def test_save_refuses_marker_when_a_reported_file_is_not_on_disk(tmp_path, monke
 def test_a_second_rollback_past_a_retrained_step_keeps_both_set_aside_copies(tmp_path):
     """Two divergence rollbacks in one run: the first sets aside step 500, the run trains past 500 again and
     saves it under the same tag, and the second rollback sets that one aside too (it crashed on the name)."""
-    from hpc_agent import checkpoints
+    from hpc_agent.core import checkpoint_format
 
     run_dir = tmp_path / "run"
     root = run_dir / "checkpoints"
     for step in (250, 500):
         _write(root, step)
     (root / tag_for(500) / "first").write_text("1")
-    assert checkpoints.set_aside_after(run_dir, 250, None) == [tag_for(500)]
+    assert checkpoint_format.set_aside_after(run_dir, 250, None) == [tag_for(500)]
     _write(root, 500)
     (root / tag_for(500) / "second").write_text("2")
-    assert checkpoints.set_aside_after(run_dir, 250, None) == [tag_for(500)]
-    aside = root / checkpoints.ASIDE
+    assert checkpoint_format.set_aside_after(run_dir, 250, None) == [tag_for(500)]
+    aside = root / checkpoint_format.ASIDE
     assert sorted(p.name for p in aside.iterdir()) == [tag_for(500), tag_for(500) + ".2"]
     assert (aside / tag_for(500) / "first").read_text() == "1"
     assert (aside / (tag_for(500) + ".2") / "second").read_text() == "2"

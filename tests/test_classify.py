@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from hpc_agent.core.causes import ADVICE, ALL_CAUSES, SUMMARY, Cause
+from hpc_agent.core.exit_codes import EXIT_CODES, as_table, cause_for_exit
+from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.alarms import alarms_from_scalars, latest_run
-from hpc_agent.diagnosis.causes import ADVICE, ALL_CAUSES, SUMMARY, Cause
 from hpc_agent.diagnosis.classify import choose_root, classify_attempt, classify_job, logs_per_attempt
-from hpc_agent.diagnosis.exit_codes import EXIT_CODES, as_table, cause_for_exit
 from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, host_by_rank, parse_timestamp, scan_log,
                                          since_last_repair, split_attempts, split_by_time)
 from hpc_agent.metrics.divergence import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm
-from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import attempts_of, parse_sacct
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -232,8 +232,8 @@ def test_every_cause_has_words():
 
 def test_exit_code_table_agrees_with_launch():
     """The codes the job exits with (``NAMES``, what launch/ uses) and the classifier's table are the same codes."""
-    from hpc_agent.diagnosis.exit_codes import (EXIT_CONFIG, EXIT_CRASHED, EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY,
-                                                EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE, NAMES)
+    from hpc_agent.core.exit_codes import (EXIT_CONFIG, EXIT_CRASHED, EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY,
+                                           EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE, NAMES)
 
     produced = {code for code in NAMES if code != EXIT_OK}
     assert produced == {code for code, m in EXIT_CODES.items() if not m.placeholder}
@@ -248,7 +248,7 @@ def test_exit_code_table_agrees_with_launch():
 
 
 def test_exit_code_table_can_be_replaced():
-    from hpc_agent.diagnosis.exit_codes import ExitCodeMeaning
+    from hpc_agent.core.exit_codes import ExitCodeMeaning
 
     (attempt,) = attempts("failed.txt", "111")  # exit 1
     custom = {1: ExitCodeMeaning(1, Cause.NCCL_ERROR, "this site's launcher uses 1 for network trouble")}
@@ -257,7 +257,7 @@ def test_exit_code_table_can_be_replaced():
 
 
 def test_announced_exit_code_is_the_last_one():
-    from hpc_agent.diagnosis.exit_codes import announced_exit_code
+    from hpc_agent.core.exit_codes import announced_exit_code
 
     lines = ["[hpc_agent] cannot resume: x; exiting 78", "noise", "[hpc_agent] diverged: loss is nan; exiting 65"]
     assert announced_exit_code(lines) == (65, lines[-1])
@@ -290,7 +290,7 @@ def test_split_attempts_of_a_truncated_tail(truncated, pieces, last_has_preempti
 
 
 def test_tail_log_marks_a_cut_file(tmp_path):
-    from hpc_agent.rundir import tail_log
+    from hpc_agent.core.rundir import tail_log
 
     path = tmp_path / "1_0_log.out"
     path.write_text("a" * 100 + "\n" + APPENDED_TAIL + "\n")

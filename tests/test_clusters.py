@@ -70,7 +70,7 @@ def assert_all_carry_clusters(calls: List[List[str]], *expected_commands: str) -
 
 def test_every_code_path_passes_clusters(slurm, tmp_path):
     from hpc_agent import diagnose, doctor, submit, watch
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     root = tmp_path / "runs"
     # submit: submitit's sbatch (TimedSlurmExecutor -> SlurmCLI)

@@ -1,4 +1,4 @@
-"""hpc_agent.code_snapshot: what submit copies of your code, its hash, its bounds, and how the job uses it."""
+"""hpc_agent.jobs.code_snapshot: what submit copies of your code, its hash, its bounds, and how the job uses it."""
 from __future__ import annotations
 
 import hashlib
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent import code_snapshot as cs
-from hpc_agent.code_manifest import activate, digest, hash_tree, snapshot_argv
 from hpc_agent.config.load import build_config, load_config
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.launcher import render_job_script
+from hpc_agent.core.code_manifest import activate, digest, hash_tree, snapshot_argv
+from hpc_agent.jobs import code_snapshot as cs
+from hpc_agent.jobs.executor import render_job_script
 from tests.conftest import run_cli
 from tests.helpers.doc_example import write_package
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent import rundir
 from hpc_agent.config.load import load_config, load_snapshot
+from hpc_agent.core import rundir
 from launch.command import Resume, build_launch, plan_resume
 from launch.distributed import DistEnv
 from launch.dsconfig import build_ds_config
@@ -87,7 +87,7 @@ def test_prepare_writes_the_builtin_ds_config(tmp_path, monkeypatch):
 
 
 def _fake_checkpoint(root: Path, step: int, layout: dict, complete: bool = True) -> None:
-    from hpc_agent.checkpoints import MARKER, MARKER_VERSION, tag_for
+    from hpc_agent.core.checkpoint_format import MARKER, MARKER_VERSION, tag_for
 
     tag_dir = root / tag_for(step)
     tag_dir.mkdir(parents=True)
@@ -112,8 +112,8 @@ def test_resume_picks_newest_complete_and_plans_the_layout(tmp_path):
 
 # ---- login-node side ----------------------------------------------------------------------------------
 def test_memory_checks_skip_the_model_estimate_with_a_note():
-    from hpc_agent.memory import COMMAND_NOTE, estimate_from_config, gpu_oom_fit
-    from hpc_agent.preflight import SKIP, memory_verdict
+    from hpc_agent.policy.memory import COMMAND_NOTE, estimate_from_config, gpu_oom_fit
+    from hpc_agent.policy.preflight import SKIP, memory_verdict
 
     cfg = command_cfg("slurm.gpus_per_node=1", "train.micro_batch_size=8")
     with pytest.raises(ValueError, match="train.command"):
@@ -125,8 +125,8 @@ def test_memory_checks_skip_the_model_estimate_with_a_note():
 
 
 def test_submit_job_callable_and_recorded_workdir(tmp_path, monkeypatch):
-    from hpc_agent.job import CommandJob, TrainingJob
-    from hpc_agent.submission import job_for, update_run_json
+    from launch.job import CommandJob, TrainingJob
+    from hpc_agent.jobs.submission import job_for, update_run_json
 
     cfg = command_cfg()
     monkeypatch.chdir(tmp_path)
@@ -146,7 +146,7 @@ def test_dry_run_shows_the_command(tmp_path):
 
 
 def test_no_heartbeat_is_no_hang_verdict_in_command_mode(tmp_path, monkeypatch):
-    from hpc_agent import observe
+    from hpc_agent.watcher import observe
     from hpc_agent.config.resilience import ResilienceConfig
 
     settings = ResilienceConfig()
@@ -161,10 +161,10 @@ def test_no_heartbeat_is_no_hang_verdict_in_command_mode(tmp_path, monkeypatch):
 # ---- the doc's example, end to end with the local executor ---------------------------------------------
 @pytest.mark.slow
 def test_doc_example_runs_locally_and_resumes_from_its_checkpoint(tmp_path):
-    from hpc_agent.checkpoints import complete_steps
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.core.checkpoint_format import complete_steps
+    from hpc_agent.state.ledger import Ledger
     from hpc_agent.config.load import write_run_config
-    from hpc_agent.submission import SubmittedButIncomplete, submit_attempt
+    from hpc_agent.jobs.submission import SubmittedButIncomplete, submit_attempt
 
     work = tmp_path / "project"
     work.mkdir()

@@ -16,11 +16,12 @@ from typing import Dict, List
 
 import pytest
 
-from hpc_agent import containers, launcher, rundir
 from hpc_agent.config.fields import char_name
 from hpc_agent.config.load import build_config, load_config
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.launcher import render_job_script
+from hpc_agent.core import rundir
+from hpc_agent.jobs import containers, executor
+from hpc_agent.jobs.executor import render_job_script
 from tests.test_job_script_hostile import hostile_path
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -82,7 +83,7 @@ def _env(items: List[str]) -> Dict[str, str]:
 
 @pytest.fixture
 def fixed_repo(monkeypatch):
-    monkeypatch.setattr(launcher, "code_root", lambda: REPO)
+    monkeypatch.setattr(executor, "code_root", lambda: REPO)
 
 
 def _cfg(runtime: str, image: str, *more: str):
@@ -117,7 +118,7 @@ def test_pyxis_script_with_hash_in_the_image_executes_nothing_unintended(image, 
     """Accepted values with shell-meaningful characters everywhere: '#', '@', '~' in the image; $(..),
     backticks, quotes, ';' and spaces in the run dir, the code folder, a mount and the submit directory."""
     repo = hostile_path(tmp_path / "repo", "CANARY", "repo")
-    monkeypatch.setattr(launcher, "code_root", lambda: repo)
+    monkeypatch.setattr(executor, "code_root", lambda: repo)
     submit_dir = tmp_path / "sub $(touch CANARY-cwd) #x"
     submit_dir.mkdir()
     monkeypatch.chdir(submit_dir)
@@ -142,7 +143,7 @@ def test_pyxis_script_with_hash_in_the_image_executes_nothing_unintended(image, 
 @pytest.mark.parametrize("image", IMAGES)
 def test_apptainer_script_with_hash_in_the_image_executes_nothing_unintended(image, fake_bin, tmp_path, monkeypatch):
     repo = hostile_path(tmp_path / "repo", "CANARY", "repo")
-    monkeypatch.setattr(launcher, "code_root", lambda: repo)
+    monkeypatch.setattr(executor, "code_root", lambda: repo)
     workdir = f"{tmp_path}/w $(touch CANARY-w) #1"
     cfg = _cfg("apptainer", image, f'container.workdir="{workdir}"', "slurm.gpus_per_node=1")  # quoted: YAML
     run_dir = hostile_path(tmp_path / "runs", "CANARY", "run")
@@ -176,10 +177,10 @@ def test_default_python_is_this_one():
     cfg = load_config("quickstart", [], env={})
     assert f"{shlex.quote(sys.executable)} -u -m submitit.core._submit" in render_job_script(
         cfg, RUN_DIR.name, RUN_DIR, RUN_DIR / "config.yaml")
-    assert launcher.job_python(cfg, RUN_DIR.name, RUN_DIR, RUN_DIR / "c.yaml") == shlex.quote(sys.executable)
-    assert launcher.job_python(_cfg("pyxis", "i", "slurm.python=/venv/bin/python"), RUN_DIR.name, RUN_DIR,
+    assert executor.job_python(cfg, RUN_DIR.name, RUN_DIR, RUN_DIR / "c.yaml") == shlex.quote(sys.executable)
+    assert executor.job_python(_cfg("pyxis", "i", "slurm.python=/venv/bin/python"), RUN_DIR.name, RUN_DIR,
                                RUN_DIR / "c.yaml") == "python"  # ignored in a container
-    assert launcher.job_python(_cfg("pyxis", "i", "container.python=/usr/bin/python3.11"), RUN_DIR.name, RUN_DIR,
+    assert executor.job_python(_cfg("pyxis", "i", "container.python=/usr/bin/python3.11"), RUN_DIR.name, RUN_DIR,
                                RUN_DIR / "c.yaml") == "/usr/bin/python3.11"
 
 
@@ -236,7 +237,7 @@ def test_mounted_paths_with_a_comma_or_colon_are_refused(tmp_path, fixed_repo):
 
 def test_a_container_needs_the_slurm_executor():
     with pytest.raises(ConfigError, match="local executor"):
-        launcher.local_parameters(_cfg("apptainer", "i.sif"))
+        executor.local_parameters(_cfg("apptainer", "i.sif"))
 
 
 def test_a_custom_pyxis_template_must_pass_the_image(tmp_path, monkeypatch, fixed_repo):
@@ -270,8 +271,8 @@ def test_a_sweep_refuses_a_container_and_runs_slurm_python(tmp_path):
 def test_a_resubmission_keeps_the_first_submits_workdir(tmp_path, monkeypatch, fixed_repo):
     """The watcher resubmits from wherever it runs: pyxis' workdir and mount are the directory recorded in
     run.json by the first submit, not the resubmitting process's."""
-    from hpc_agent.fsutil import atomic_write_json
-    from hpc_agent.rundir import WORKDIR
+    from hpc_agent.core.fsutil import atomic_write_json
+    from hpc_agent.core.rundir import WORKDIR
 
     run_dir = tmp_path / "runs" / "q-20260101-000000"
     run_dir.mkdir(parents=True)

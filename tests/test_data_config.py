@@ -6,7 +6,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from hpc_agent import data_config as dc
+from hpc_agent.checks import data_config as dc
 from hpc_agent.config.load import build_config
 from tests.conftest import run_cli
 

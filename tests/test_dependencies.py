@@ -133,7 +133,7 @@ def test_checker_reports_an_undeclared_import(tmp_path, providers):
     (pkg / "a.py").write_text("import json\nimport sklearn\n")
     (pkg / "b.py").write_text("def f():\n    try:\n        from sklearn.metrics import f1_score\n"
                               "    except ImportError:\n        pass\n")
-    (pkg / "c.py").write_text("from hpc_agent.extras import require\nm = require('sklearn.datasets', 'tabular', 'x')\n")
+    (pkg / "c.py").write_text("from hpc_agent.core.extras import require\nm = require('sklearn.datasets', 'tabular', 'x')\n")
     declared = declared_distributions(REPO / "pyproject.toml") - {"scikit-learn"}
     problems = undeclared(imports_under(tmp_path, ["hpc_agent"]), declared, providers)
     assert [p.split(": ")[0] for p in problems] == ["hpc_agent/a.py:2", "hpc_agent/b.py:3", "hpc_agent/c.py:2"]
@@ -150,7 +150,7 @@ def test_checker_reports_an_undeclared_import(tmp_path, providers):
 def test_extras_are_never_imported_at_module_level():
     offenders = [f"{i.where()}: {i.module}" for i in imports_under(REPO, SOURCE_ROOTS)
                  if i.module in EXTRA_MODULES and i.module_level]
-    assert not offenders, "import these inside the functions that need them (through hpc_agent.extras.require):\n" \
+    assert not offenders, "import these inside the functions that need them (through hpc_agent.core.extras.require):\n" \
         + "\n".join(offenders)
 
 
@@ -174,7 +174,7 @@ def test_core_clis_import_without_the_extras():
 def test_classifier_without_tabular_extra_names_the_extra(method, blocked, distribution):
     code = f"""
 from hpc_agent.config.load import build_config
-from hpc_agent.extras import MissingExtra
+from hpc_agent.core.extras import MissingExtra
 from launch.workloads.registry import build_workload
 cfg = build_config([{{"train": {{"workload": "classifier"}}, "data": {{"num_samples": 200, "imbalance_method": "{method}"}}}}])
 try:
@@ -216,7 +216,7 @@ def test_sweep_cli_without_sweep_extra_exits_2_with_one_line(entry):
 
 def test_require_lets_other_import_errors_through(monkeypatch):
     """Only a missing top-level package is a missing extra; an installed package's own failure is not."""
-    from hpc_agent.extras import MissingExtra, require
+    from hpc_agent.core.extras import MissingExtra, require
 
     monkeypatch.setitem(sys.modules, "json.no_such_submodule", None)
     with pytest.raises(ModuleNotFoundError) as caught:

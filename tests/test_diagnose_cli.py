@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 from hpc_agent import diagnose
-from hpc_agent.diagnosis.causes import ALL_CAUSES
+from hpc_agent.core.causes import ALL_CAUSES
 from hpc_agent.slurm.sacct import SACCT_FIELDS
 from tests.conftest import run_cli
 from tests.helpers.fake_slurm import FakeSlurm
@@ -243,9 +243,9 @@ def test_the_table_covers_every_cause():
 def test_diagnose_names_hung_for_a_live_run_whose_heartbeat_says_so(capsys, tmp_path):
     import time
 
-    from hpc_agent import rundir
+    from hpc_agent.core import rundir
     from hpc_agent.config.load import build_config
-    from hpc_agent.heartbeat import Beat, encode
+    from hpc_agent.core.heartbeat_format import Beat, encode
     from hpc_agent.config.load import write_run_config
 
     run_dir = tmp_path / "runs" / "gpt-20261130-101500"  # the run id in running.txt's job name

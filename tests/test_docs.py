@@ -135,6 +135,6 @@ def test_config_reference_page_is_current(tmp_path):
 def test_watcher_page_describes_the_design():
     text = (DOCS / "watcher.md").read_text(encoding="utf-8")
     assert WATCHER_DESIGN_HEADING in text
-    for term in ("hpc_agent/follow.py", "needs_attention", "--rebuild-events", "--resume-run", "train.lease",
+    for term in ("hpc_agent/watcher/follow.py", "needs_attention", "--rebuild-events", "--resume-run", "train.lease",
                  "O_NOFOLLOW", "S_ISREG"):
         assert term in text, f"docs/watcher.md's design section does not mention {term}"

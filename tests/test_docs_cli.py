@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from hpc_agent import exit_status
+from hpc_agent.cli import exit_status
 from hpc_agent.config.schema import RunConfig as Run
 from tests.conftest import REPO
 
@@ -14,8 +14,8 @@ DOCS = REPO / "docs"
 
 def test_cli_page_shows_the_exit_code_tables():
     page = (DOCS / "cli.md").read_text(encoding="utf-8")
-    assert exit_status.markdown_table() in page, "docs/cli.md: paste hpc_agent.exit_status.markdown_table()"
-    assert exit_status.commands_markdown() in page, "docs/cli.md: paste hpc_agent.exit_status.commands_markdown()"
+    assert exit_status.markdown_table() in page, "docs/cli.md: paste hpc_agent.cli.exit_status.markdown_table()"
+    assert exit_status.commands_markdown() in page, "docs/cli.md: paste hpc_agent.cli.exit_status.commands_markdown()"
     assert "exit_codes.md" in page  # the job's exit codes: another table, linked, not merged
 
 

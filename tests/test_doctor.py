@@ -113,9 +113,9 @@ def test_doctor_config_problems_and_json():
 
 
 def test_without_a_driver_health_says_so(monkeypatch):
-    from hpc_agent import health
+    from hpc_agent.diagnosis import gpu_health
 
-    monkeypatch.setattr(health, "read_gpus", lambda: ([], "NVIDIA driver not found: no libnvidia-ml"))
+    monkeypatch.setattr(gpu_health, "read_gpus", lambda: ([], "NVIDIA driver not found: no libnvidia-ml"))
     checks, report, gpu_bytes = d.check_gpu_health()
     assert [c.level for c in checks] == [d.WARN] and "no GPU on this machine" in checks[0].detail
     assert gpu_bytes is None and report == []

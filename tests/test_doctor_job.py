@@ -1,4 +1,4 @@
-"""doctor's job-python check (hpc_agent/doctor_job.py): a fake runner for OK/FAIL/timeout, and the real cluster."""
+"""doctor's job-python check (hpc_agent/checks/job_python.py): a fake runner for OK/FAIL/timeout, and the real cluster."""
 from __future__ import annotations
 
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hpc_agent import doctor_job
+from hpc_agent.checks import job_python
 from hpc_agent.config.load import load_config
 from hpc_agent.slurm.cli import Result, SlurmCLI, SlurmError
 from tests.conftest import run_cli
@@ -30,7 +30,7 @@ class FakeCLI:
 
 
 def _check(cli, *overrides):
-    return doctor_job.check_job_python(cli, load_config("quickstart", list(overrides), env={}), repo="/opt/hpc agent")
+    return job_python.check_job_python(cli, load_config("quickstart", list(overrides), env={}), repo="/opt/hpc agent")
 
 
 def test_ok_names_the_node_and_the_python():
@@ -38,7 +38,7 @@ def test_ok_names_the_node_and_the_python():
     level, name, detail = _check(cli, "slurm.python=/venv/bin/python", "slurm.partition=low", "slurm.qos=normal")
     assert (level, name) == ("OK", "job python") and "node1" in detail and "/venv/bin/python" in detail
     argv, timeout_s = cli.calls[0]
-    assert argv[0] == "srun" and f"--immediate={doctor_job.IMMEDIATE_S}" in argv and timeout_s == doctor_job.TIMEOUT_S
+    assert argv[0] == "srun" and f"--immediate={job_python.IMMEDIATE_S}" in argv and timeout_s == job_python.TIMEOUT_S
     assert "--partition=low" in argv and "--qos=normal" in argv and "--time=1" in argv
     assert argv[-3:-1] == ["/venv/bin/python", "-c"] and "import os, socket, hpc_agent, submitit" in argv[-1]
 
@@ -101,7 +101,7 @@ def test_apptainer_probe_runs_apptainer_exec_and_names_a_missing_apptainer():
     start = argv.index("apptainer")
     assert argv[start:start + 6] == ["apptainer", "exec", "--bind", "/opt/hpc agent:/opt/hpc agent", "/img/pt.sif",
                                      "python"]
-    assert cli.calls[0][1] == doctor_job.CONTAINER_TIMEOUT_S
+    assert cli.calls[0][1] == job_python.CONTAINER_TIMEOUT_S
     assert level == "FAIL" and "apptainer is not installed on node1" in detail
 
 
@@ -115,7 +115,7 @@ def test_the_probe_is_an_argv_list_through_the_slurm_adapter(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     assert _check(SlurmCLI())[0] == "OK"
-    assert isinstance(seen["argv"], list) and seen["timeout"] == doctor_job.TIMEOUT_S and not seen.get("shell")
+    assert isinstance(seen["argv"], list) and seen["timeout"] == job_python.TIMEOUT_S and not seen.get("shell")
 
 
 @pytest.mark.slurm
@@ -135,7 +135,7 @@ def test_doctor_finds_your_code_as_submit_will(tmp_path):
     """doctor's code check makes submit's snapshot plan: built-in -> nothing to copy; a package next to you ->
     OK naming it; a reference nobody can find -> FAIL naming train.workload and the fix."""
     from hpc_agent.config.load import load_config
-    from hpc_agent.doctor_job import check_code
+    from hpc_agent.checks.job_python import check_code
 
     assert check_code(load_config("quickstart", [], env={}), str(tmp_path))[0] == "OK"
     (tmp_path / "my_model").mkdir()

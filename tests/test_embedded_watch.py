@@ -3,8 +3,8 @@ free lease and ticks, observes a live holder, takes over when the holder dies, s
 is taken over, and gives the lease back at the end."""
 from __future__ import annotations
 
-from hpc_agent.embedded_watch import OBSERVE, OWN, EmbeddedWatch
-from hpc_agent.journal import LeaseLost
+from hpc_agent.state.journal import LeaseLost
+from hpc_agent.watcher.embedded import OBSERVE, OWN, EmbeddedWatch
 
 
 class FakeLedger:
@@ -111,7 +111,7 @@ def test_a_lost_lease_steps_back_to_observing():
 
 def test_real_lease_two_embedded_watchers_one_acts(tmp_path):
     """The real WatcherLease on a real ledger: the second command observes the first, then takes over."""
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     class W:
         def __init__(self):
@@ -141,8 +141,8 @@ def test_submit_wait_ends_on_the_watchers_verdict_not_on_the_first_job(tmp_path,
     follows the new job, and the final state is the run's (its newest job's), with the progress lines."""
     import io
 
-    from hpc_agent import submit_wait
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.watcher import submit_wait
+    from hpc_agent.state.ledger import Ledger
     from tests.test_progress_view import FakeSlurm, _run
 
     ledger = Ledger.in_runs_root(tmp_path)
@@ -156,7 +156,7 @@ def test_submit_wait_ends_on_the_watchers_verdict_not_on_the_first_job(tmp_path,
         def step(self):
             steps.append(1)
             if len(steps) == 2:
-                from hpc_agent.journal import Journal
+                from hpc_agent.state.journal import Journal
 
                 Journal(ledger).add_audit("r", {"job_id": "50", "cause": "host_oom", "decision": {"action": "resubmit"}})
                 ledger.record_submitted(ledger.record_intent("r", "slurm", "c", "resubmit"), "51")
@@ -179,9 +179,9 @@ def test_submit_wait_ends_on_the_watchers_verdict_not_on_the_first_job(tmp_path,
 
 def test_lease_holder_names_a_live_watcher_only(tmp_path):
     """chaos's rule: use the watcher that holds the runs root, else start one."""
-    from hpc_agent.embedded_watch import lease_holder
-    from hpc_agent.journal import WatcherLease
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.watcher.embedded import lease_holder
+    from hpc_agent.state.journal import WatcherLease
+    from hpc_agent.state.ledger import Ledger
 
     assert lease_holder(tmp_path) is None  # no ledger yet
     ledger = Ledger.in_runs_root(tmp_path)

@@ -1,4 +1,4 @@
-"""One exit-code table for every command (hpc_agent/exit_status.py, docs/cli.md): each code each command can
+"""One exit-code table for every command (hpc_agent/cli/exit_status.py, docs/cli.md): each code each command can
 return, produced in-process by inputs that lead to it, plus --version, -v and -q on every command.
 
 Slurm is never called: a case that needs an answer from it replaces ``SlurmCLI._execute`` (the one
@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 
 import pytest
 
-from hpc_agent import exit_status
+from hpc_agent.cli import exit_status
 from hpc_agent.slurm.cli import CLUSTERS_ENV, SlurmCLI
 from tests.conftest import REPO
 
@@ -51,7 +51,7 @@ class Env:
         self.mp.setattr(SlurmCLI, "available", staticmethod(lambda: False))
 
     def ledger(self) -> Path:
-        from hpc_agent.ledger import Ledger
+        from hpc_agent.state.ledger import Ledger
 
         Ledger.in_runs_root(self.root).close()
         return self.root
@@ -80,7 +80,7 @@ def submit_ok(e: Env) -> List[str]:
 
 def submit_failed(e: Env) -> List[str]:
     """--wait, and the job ends FAILED (the local job and its wait are stand-ins: no process starts)."""
-    import hpc_agent.submission as submission
+    import hpc_agent.jobs.submission as submission
     from hpc_agent import submit
 
     e.mp.setattr(submission, "submit_attempt", lambda *a, **k: types.SimpleNamespace(job_id="41"))
@@ -95,7 +95,7 @@ def submit_slurm(e: Env) -> List[str]:
 
 
 def sweep_busy(e: Env) -> List[str]:
-    from hpc_agent.fsutil import hold_lock
+    from hpc_agent.core.fsutil import hold_lock
 
     e.slurm(lambda argv: (0, "", ""))
     lock_dir = e.root / "sweeps" / "s"
@@ -106,7 +106,7 @@ def sweep_busy(e: Env) -> List[str]:
 
 
 def sweep_paused(e: Env) -> List[str]:
-    from hpc_agent import killswitch
+    from hpc_agent.state import killswitch
 
     killswitch.switch(e.ledger(), pause=True)
     e.slurm(lambda argv: pytest.fail(f"a paused sweep called Slurm: {argv}"))
@@ -120,8 +120,8 @@ def sweep_file(e: Env) -> Path:
 
 
 def watch_busy(e: Env) -> List[str]:
-    from hpc_agent.journal import WatcherLease
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.journal import WatcherLease
+    from hpc_agent.state.ledger import Ledger
 
     ledger = Ledger.in_runs_root(e.root)
     assert WatcherLease(ledger, ttl_s=600).acquire() is None  # another watcher (a live pid: ours) holds it
@@ -163,17 +163,17 @@ def raising(exc: Exception):
 
 def chaos_failed(e: Env) -> List[str]:
     """The run and its driver are stand-ins: a chaos run whose checks did not pass (nothing completed)."""
-    from hpc_agent.chaos import driver, inject
+    from hpc_agent.chaos import campaign, inject
 
     run_dir = e.root / "r"
     run_dir.mkdir(parents=True)
-    e.mp.setattr(driver, "submit_run", lambda root, config, overrides: run_dir)
+    e.mp.setattr(campaign, "submit_run", lambda root, config, overrides: run_dir)
     e.mp.setattr(inject, "Watcher", lambda root: types.SimpleNamespace(start=lambda: None, stop=lambda: None,
                                                                        log="watch.log"))
     from hpc_agent.chaos.report import Check, TargetSummary
 
     lost = [TargetSummary("watched", False, 10, None, 0.0, 1.0, [Check("completed", False, "not completed")])]
-    e.mp.setattr(driver, "ChaosDriver", lambda *a, **k: types.SimpleNamespace(records=[], run=lambda: lost))
+    e.mp.setattr(campaign, "ChaosDriver", lambda *a, **k: types.SimpleNamespace(records=[], run=lambda: lost))
     e.slurm(lambda argv: (0, "", ""))
     return ["--schedule", str(schedule(e)), "--runs-root", str(e.root), "--duration", "1"]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers.common import expect, losses, run, snapshot, start
-from hpc_agent.diagnosis.exit_codes import EXIT_CRASHED, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY
+from hpc_agent.core.exit_codes import EXIT_CRASHED, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY
 from launch.faults import _HELD, Faults
 
 

@@ -15,12 +15,12 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-from hpc_agent import filemodes
-from hpc_agent.filemodes import make_dir, restricted_umask, shared_with_group
-from hpc_agent.fsutil import atomic_write_text, hold_lock
-from hpc_agent.journal import _append
-from hpc_agent.ledger import Ledger
-from hpc_agent.nfs_files import publish_exclusive
+from hpc_agent.core import filemodes
+from hpc_agent.core.filemodes import make_dir, restricted_umask, shared_with_group
+from hpc_agent.core.fsutil import atomic_write_text, hold_lock
+from hpc_agent.core.nfs_files import publish_exclusive
+from hpc_agent.state.journal import _append
+from hpc_agent.state.ledger import Ledger
 
 
 @contextmanager
@@ -119,9 +119,9 @@ def _bad_modes(root: Path, group: bool, planted: set) -> List[Tuple[str, str]]:
 def test_a_submitted_run_and_a_watcher_tick_create_nothing_readable_by_others(tmp_path, mask, group):
     from hpc_agent import submit
     from hpc_agent.config.load import build_config
-    from hpc_agent.job_match import job_name_for
+    from hpc_agent.slurm.job_match import job_name_for
     from hpc_agent.config.load import write_run_config
-    from hpc_agent.watcher import Watcher
+    from hpc_agent.watcher.loop import Watcher
     from tests.helpers.fake_slurm import FakeSlurm
     from tests.test_watcher import OOM_LOG, FakeSubmitter
 

@@ -11,13 +11,13 @@ from typing import Optional
 import pytest
 
 from hpc_agent.config.load import build_config
-from hpc_agent.follow import follow, history_from, situation_from, wants
-from hpc_agent.follow_model import (EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY, RELEASE_LEASE, REQUEUE_EFFECT,
-                                    RESUBMIT_EFFECT, Observation, RunFiles, RunState, Wants)
-from hpc_agent.lifecycle import Phase
+from hpc_agent.core.rundir import LogText
 from hpc_agent.metrics.divergence import Alarm
-from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
+from hpc_agent.state.lifecycle import Phase
+from hpc_agent.watcher.follow import follow, history_from, situation_from, wants
+from hpc_agent.watcher.follow_model import (EXCLUDE, EXPEDITE, NOT_ASKED, NOTIFY, RELEASE_LEASE, REQUEUE_EFFECT,
+                                            RESUBMIT_EFFECT, Observation, RunFiles, RunState, Wants)
 
 HEADER = "JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed"
 T0, T1 = "2026-11-30T10:00:00", "2026-11-30T10:01:00"

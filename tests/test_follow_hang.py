@@ -1,4 +1,4 @@
-"""Hung running attempts: the pure core's table (hpc_agent/follow_hang.py), then the watcher with the fake Slurm.
+"""Hung running attempts: the pure core's table (hpc_agent/watcher/follow_hang.py), then the watcher with the fake Slurm.
 
 Suspicion -> stacks asked; stacks arrive (or stack_wait_s passes) -> cancel + resubmit with the evidence;
 the verdict vanishes -> the suspicion is dropped; the same hang twice -> stop; ``slurm.exclude`` only when a
@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent import rundir
 from hpc_agent.config.load import build_config
+from hpc_agent.core import rundir
+from hpc_agent.core.heartbeat_format import Beat, encode
+from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.hang import HangVerdict
-from hpc_agent.follow import follow, history_from, wants
-from hpc_agent.follow_model import (AWAIT_END, CANCEL, NOTIFY, RELEASE_LEASE, RESUBMIT_EFFECT, STACKS, Live,
-                                    Observation, RunFiles, RunState, Suspicion, Wants)
-from hpc_agent.heartbeat import Beat, encode
-from hpc_agent.lifecycle import Phase
-from hpc_agent.policy import PastAttempt
-from hpc_agent.rundir import LogText
+from hpc_agent.policy.decide import PastAttempt
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
+from hpc_agent.state.lifecycle import Phase
+from hpc_agent.watcher.follow import follow, history_from, wants
+from hpc_agent.watcher.follow_model import (AWAIT_END, CANCEL, NOTIFY, RELEASE_LEASE, RESUBMIT_EFFECT, STACKS, Live,
+                                            Observation, RunFiles, RunState, Suspicion, Wants)
 
 HEADER = "JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed"
 CFG = build_config([{"run": {"name": "t"}, "train": {"max_steps": 100}}])
@@ -167,8 +167,8 @@ class Crash(BaseException):
 
 
 def _world(tmp_path):
-    from hpc_agent.job_match import job_name_for
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.slurm.job_match import job_name_for
+    from hpc_agent.state.ledger import Ledger
     from hpc_agent.config.load import write_run_config
     from tests.helpers.fake_slurm import FakeSlurm
     from tests.test_watcher import FakeSubmitter
@@ -199,9 +199,9 @@ def _write_beat(run_dir: Path, job: str, now: float) -> None:
 
 
 def test_watcher_asks_stacks_then_cancels_and_resubmits_once_after_a_crash(tmp_path, monkeypatch):
-    from hpc_agent import watcher as watcher_mod
-    from hpc_agent.journal import Journal
-    from hpc_agent.watcher import Watcher
+    from hpc_agent.watcher import loop as watcher_mod
+    from hpc_agent.state.journal import Journal
+    from hpc_agent.watcher.loop import Watcher
 
     slurm, ledger, root, run_dir, job, submit = _world(tmp_path)
     out = []
@@ -244,9 +244,9 @@ def test_watcher_asks_stacks_then_cancels_and_resubmits_once_after_a_crash(tmp_p
 
 
 def test_release_lease_moves_only_the_ended_jobs_own_lease(tmp_path):
-    from hpc_agent import effects
-    from hpc_agent.journal import EffectRow
-    from hpc_agent.ledger import Run
+    from hpc_agent.watcher import effects
+    from hpc_agent.state.journal import EffectRow
+    from hpc_agent.state.ledger import Run
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()

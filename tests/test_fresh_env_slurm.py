@@ -15,7 +15,7 @@ from typing import Dict, Tuple
 
 import pytest
 
-from hpc_agent.ops_cache import OPS_DIR_ENV
+from hpc_agent.core.ops_cache import OPS_DIR_ENV
 from hpc_agent.slurm.sacct import parse_parsable2
 from tests.conftest import run_cli
 from tests.slurm_helpers import SLURM, events, ledger_job_ids, log_text

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from hpc_agent.fsutil import atomic_write_json, atomic_write_text, hold_lock
+from hpc_agent.core.fsutil import atomic_write_json, atomic_write_text, hold_lock
 
 
 def test_hold_lock_is_exclusive_and_released_on_close(tmp_path):
@@ -31,7 +31,7 @@ import socket  # noqa: E402
 
 import pytest  # noqa: E402
 
-from hpc_agent import fsutil  # noqa: E402
+from hpc_agent.core import fsutil  # noqa: E402
 
 
 @pytest.fixture

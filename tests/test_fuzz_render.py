@@ -17,9 +17,9 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings, strategies as st
 from submitit.slurm.slurm import _as_sbatch_flag
 
-from hpc_agent import launcher
 from hpc_agent.config.fields import EXTRA_PREFIX, FIELD_RULES, OPTION_RULES, field_problem
 from hpc_agent.config.problems import ConfigError
+from hpc_agent.jobs import executor
 from tests.helpers.sbatch_parse import sbatch_words
 
 EXAMPLES = 1000
@@ -50,14 +50,14 @@ def test_fuzz_setup_lines_execute_nothing_and_export_exact_values(tmp_path):
     def render(run_dir, config, repo, run_id):
         run_dir, config, repo = (str(Path("/" + v)) for v in (run_dir, config, repo))
         try:
-            with mock.patch.object(launcher, "code_root", lambda: Path(repo)):
-                values = launcher.template_values(run_id, Path(run_dir), Path(config))
+            with mock.patch.object(executor, "code_root", lambda: Path(repo)):
+                values = executor.template_values(run_id, Path(run_dir), Path(config))
         except ConfigError as exc:  # the one allowed exception: it names a field and what to change
             assert exc.problems and all(p.key in ("run.runs_root", "run.name", "hpc_agent install folder")
                                         and p.expected for p in exc.problems)
             rejected.append(exc)
             return
-        lines = launcher.render_lines(SETUP, values)
+        lines = executor.render_lines(SETUP, values)
         cases.append((lines, [run_dir, run_id, config, repo, f"{run_dir}{config}:{repo}/{run_id}"]))
 
     render()

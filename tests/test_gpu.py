@@ -20,9 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from helpers.common import REPO, env_for, expect, losses, run, snapshot, start, tb_scalars, wait_for  # noqa: E402
-from hpc_agent.diagnosis.exit_codes import EXIT_OUT_OF_MEMORY
-from hpc_agent.diagnosis.exit_codes import EXIT_ENVIRONMENT  # noqa: E402
-from hpc_agent.checkpoints import MARKER, tag_for  # noqa: E402
+from hpc_agent.core.exit_codes import EXIT_OUT_OF_MEMORY
+from hpc_agent.core.exit_codes import EXIT_ENVIRONMENT  # noqa: E402
+from hpc_agent.core.checkpoint_format import MARKER, tag_for  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: DeepSpeed's FP16 path, CUDA OOMs and NVML are GPU-only")
@@ -125,8 +125,8 @@ def test_fp16_overflow_lowers_the_loss_scale_and_is_not_divergence(tmp_path):
 def test_real_cuda_oom_is_diagnosed_with_the_gpu_capacity(tmp_path):
     """A micro-batch far beyond the GPU: the CUDA allocator's own error, exit code 3, and log-based
     diagnosis reads the cause and the card's capacity from the real message text."""
-    from hpc_agent.diagnosis.causes import Cause
-    from hpc_agent.rundir import LogText
+    from hpc_agent.core.causes import Cause
+    from hpc_agent.core.rundir import LogText
     from hpc_agent.diagnosis.logscan import gpu_capacity_bytes, scan_logs
 
     cfg = snapshot(tmp_path / "oom.yaml", train={"precision": "fp16", "micro_batch_size": 4096, "zero_stage": 2,

@@ -1,10 +1,10 @@
-"""The in-job GPU health monitor (launch/gpu_health.py) with fake readings: schedule, values, verdicts."""
+"""The in-job GPU health monitor (launch/gpu_monitor.py) with fake readings: schedule, values, verdicts."""
 from __future__ import annotations
 
 import pytest
 
-from hpc_agent import health
-from launch.gpu_health import NO_GPU_LEVEL, GpuHealthMonitor, scalars_of, simulated_reader
+from hpc_agent.diagnosis import gpu_health
+from launch.gpu_monitor import NO_GPU_LEVEL, GpuHealthMonitor, scalars_of, simulated_reader
 
 
 def reading(**kw):
@@ -12,7 +12,7 @@ def reading(**kw):
                 power_limit_w=700.0, utilization_pct=90.0, ecc_uncorrected_volatile=0, ecc_corrected_volatile=0,
                 retired_pages_pending=False, retired_pages_count=0, remapped_rows_failure=False)
     base.update(kw)
-    return health.GpuReading(**base)
+    return gpu_health.GpuReading(**base)
 
 
 @pytest.mark.parametrize("readings, error, level, reason", [
@@ -59,10 +59,10 @@ def test_critical_line_names_the_node():
 def test_scalars_and_simulated_reader():
     step = [3]
     read = simulated_reader(5, lambda: step[0])
-    assert health.judge_all(*read()).level == health.OK
+    assert gpu_health.judge_all(*read()).level == gpu_health.OK
     step[0] = 5
     readings, _ = read()
-    assert health.judge_all(readings).level == health.CRITICAL
+    assert gpu_health.judge_all(readings).level == gpu_health.CRITICAL
     values = scalars_of(readings, 2)
     assert values["gpu_health/level"] == 2.0 and values["gpu_health/gpu0/ecc_uncorrected_volatile"] == 2.0
     assert values["gpu_health/gpu0/temperature_c"] == 55.0

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent import paths
 from hpc_agent.config.load import load_config
 from hpc_agent.config.problems import ConfigError
+from hpc_agent.core import paths
 
 CONFIGS = sorted(paths.configs_dir().glob("*.yaml"))
 NOT_TRAINING = {"chaos_ci_schedule": "a chaos schedule", "sweep_classifier": "a sweep spec (tests/test_sweep*.py)"}

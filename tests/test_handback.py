@@ -1,4 +1,4 @@
-"""hpc_agent/handback.py: the job script's requeue after a signal's checkpoint, and the watcher's wake file."""
+"""hpc_agent/core/handback.py: the job script's requeue after a signal's checkpoint, and the watcher's wake file."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from hpc_agent import handback
-from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
+from hpc_agent.core import handback
+from hpc_agent.core.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
 
 
 def _run_teardown(tmp_path, step_rc: int, env_extra: dict, scontrol_rc: int = 0):

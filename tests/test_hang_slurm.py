@@ -17,9 +17,9 @@ import uuid
 
 import pytest
 
-from hpc_agent import rundir
-from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, attempts, events, ledger_job_ids,
-                                 log_text, submit, wait_for, job_pids, run_phase as phase)
+from hpc_agent.core import rundir
+from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, attempts, events, job_pids, ledger_job_ids, log_text,
+                                 run_phase as phase, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 FAST = ["resilience.heartbeat_s=1", "resilience.hang_floor_s=10", "resilience.stack_wait_s=5", "train.zero_stage=0",

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from hpc_agent.config.resilience import ResilienceConfig
+from hpc_agent.core.heartbeat_format import Beat
 from hpc_agent.diagnosis.hang import HangVerdict, group_stacks, judge, main_thread, parse_dumps
-from hpc_agent.heartbeat import Beat
 
 S = ResilienceConfig()  # defaults: floor 120 s, factor 5, warm-up 5 steps, start-up 600, save 600, eval 900
 NOW = 1_750_000_000.0

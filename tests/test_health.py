@@ -6,8 +6,9 @@ import types
 
 import pytest
 
-from hpc_agent import health
-from hpc_agent.health import CRITICAL, NO_GPU, OK, WARN, GpuReading, Verdict, format_report, judge, judge_all, read_gpus
+from hpc_agent.diagnosis import gpu_health
+from hpc_agent.diagnosis.gpu_health import (CRITICAL, NO_GPU, OK, WARN, GpuReading, Verdict, format_report, judge,
+                                            judge_all, read_gpus)
 
 HEALTHY = GpuReading(index=0, name="NVIDIA H200", temperature_c=55.0, memory_used_mb=1000.0,
                      memory_total_mb=143771.0, power_w=120.0, power_limit_w=700.0, utilization_pct=0.0,
@@ -57,9 +58,9 @@ def test_judge_all_worst_and_no_gpu():
 
 
 def test_exit_code_matches_diagnosis_table():
-    from hpc_agent.diagnosis.exit_codes import EXIT_CODES, EXIT_GPU_HEALTH_CRITICAL
-    assert EXIT_GPU_HEALTH_CRITICAL == 82  # launch/gpu_health.py exits with it; health names no copy of its own
-    assert not hasattr(health, "EXIT_GPU_CRITICAL")
+    from hpc_agent.core.exit_codes import EXIT_CODES, EXIT_GPU_HEALTH_CRITICAL
+    assert EXIT_GPU_HEALTH_CRITICAL == 82  # launch/gpu_monitor.py exits with it; health names no copy of its own
+    assert not hasattr(gpu_health, "EXIT_GPU_CRITICAL")
     assert EXIT_CODES[82].cause.value == "gpu_hw_error"
 
 
@@ -181,7 +182,7 @@ def test_driver_absent_real_machine():
 def test_health_module_does_not_import_pynvml_at_top():
     import sys
     import subprocess
-    code = "import sys, hpc_agent.health; print('pynvml' in sys.modules, 'torch' in sys.modules)"
+    code = "import sys, hpc_agent.diagnosis.gpu_health; print('pynvml' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
-    assert health.HARDWARE_XIDS >= {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120}
+    assert gpu_health.HARDWARE_XIDS >= {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120}

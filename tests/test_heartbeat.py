@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from helpers.common import expect, run, run_ranks, snapshot, start
-from hpc_agent import rundir
+from hpc_agent.core import rundir
+from hpc_agent.core.heartbeat_format import MAX_BYTES, PHASES, STACK_SIGNAL, STACK_SIGNAL_NAME, Beat, decode, encode
 from hpc_agent.diagnosis.hang import group_stacks
-from hpc_agent.heartbeat import MAX_BYTES, PHASES, STACK_SIGNAL, STACK_SIGNAL_NAME, Beat, decode, encode
 from launch.heartbeat import Heartbeat, rank_and_world
 
 REPO = Path(__file__).resolve().parent.parent

@@ -3,10 +3,10 @@
 leaves its Python stacks in ``stacks/`` and does not stop the training."""
 import pytest
 
-from hpc_agent import rundir
 from hpc_agent.config.resilience import ResilienceConfig
+from hpc_agent.core import rundir
+from hpc_agent.core.heartbeat_format import STACK_SIGNAL_NAME
 from hpc_agent.diagnosis.hang import judge, main_thread
-from hpc_agent.heartbeat import STACK_SIGNAL_NAME
 from tests.slurm_helpers import LONG_RUN, SLURM, cleanup_jobs, submit, wait_for
 
 pytestmark = pytest.mark.slurm

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.common import run_ranks, snapshot
-from hpc_agent import in_job, rundir
-from hpc_agent.adaptive import adaptation_kind, adaptation_reason
 from hpc_agent.config.load import build_config, load_run_config
-from hpc_agent.diagnosis.exit_codes import EXIT_DIVERGED, EXIT_OUT_OF_MEMORY
-from hpc_agent.in_job_ingest import InJobIngest, audit_record
-from hpc_agent.journal import Journal
-from hpc_agent.ledger import Ledger
+from hpc_agent.core import in_job_journal, rundir
+from hpc_agent.core.exit_codes import EXIT_DIVERGED, EXIT_OUT_OF_MEMORY
+from hpc_agent.policy.adaptive_lr import adaptation_kind, adaptation_reason
+from hpc_agent.state.journal import Journal
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.watcher.in_job import InJobIngest, audit_record
 from launch.recovery import (CONTINUE, EXIT, REPAIR, Fault, agree, carried_patch, carry_into_config, divergence_fault,
                              plan)
 
@@ -123,9 +123,9 @@ def test_a_small_bump_on_a_smooth_loss_is_no_spike_to_roll_back_for():
 
 
 def _decision(seq, job_id="7", attempt=0, patch=None, **extra):
-    return in_job.InJobDecision(seq, job_id, attempt, 3, "gpu_oom", in_job.ACTION,
-                                patch or {"train.micro_batch_size": 2}, None, ("CUDA out of memory.",), 1.5e9, 1,
-                                **extra)
+    return in_job_journal.InJobDecision(seq, job_id, attempt, 3, "gpu_oom", in_job_journal.ACTION,
+                                        patch or {"train.micro_batch_size": 2}, None, ("CUDA out of memory.",), 1.5e9, 1,
+                                        **extra)
 
 
 def test_a_requeued_attempt_carries_its_jobs_patches_only():
@@ -140,16 +140,16 @@ def test_a_requeued_attempt_carries_its_jobs_patches_only():
 # --- the journal, untrusted -----------------------------------------------------------------------------
 def test_encode_parse_round_trip():
     d = _decision(1, before={"train.micro_batch_size": 4}, reason="micro_batch_size 4 -> 2")
-    assert in_job.parse_line(in_job.encode(d)) == d
+    assert in_job_journal.parse_line(in_job_journal.encode(d)) == d
 
 
-GOOD = json.loads(in_job.encode(_decision(1)))
+GOOD = json.loads(in_job_journal.encode(_decision(1)))
 
 
 def test_an_adaptation_line_round_trips_and_is_audited_as_decided_in_the_job():
-    d = in_job.InJobDecision(3, "7", 0, 12, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None, ("[11, 0.5]", "[12, 9.0]"),
-                             1.5e9, 2, "lr_decay: grad norm 9 at step 12 ...")
-    assert in_job.parse_line(in_job.encode(d)) == d
+    d = in_job_journal.InJobDecision(3, "7", 0, 12, in_job_journal.ADAPT_CAUSE, in_job_journal.ADAPT_ACTION, {}, None, ("[11, 0.5]", "[12, 9.0]"),
+                                     1.5e9, 2, "lr_decay: grad norm 9 at step 12 ...")
+    assert in_job_journal.parse_line(in_job_journal.encode(d)) == d
     record = audit_record(d)
     assert (record["action"], record["cause"], record["decided_in"], record["step"]) == \
         ("adaptive_schedule", "adaptive", "job", 12)
@@ -179,14 +179,14 @@ def test_an_adaptation_line_round_trips_and_is_audited_as_decided_in_the_job():
     ("[" * 100000, "longer than"),
 ])
 def test_hostile_lines_are_skipped_with_a_problem(line, problem):
-    decisions, problems = in_job.parse(line + "\n" + in_job.encode(_decision(2)))
+    decisions, problems = in_job_journal.parse(line + "\n" + in_job_journal.encode(_decision(2)))
     assert [d.seq for d in decisions] == [2]
     assert len(problems) == 1 and problem in problems[0], problems
 
 
 def test_a_torn_last_line_waits_for_the_next_read():
-    text = in_job.encode(_decision(1)) + in_job.encode(_decision(2))[:40]
-    assert ([d.seq for d in in_job.parse(text)[0]], in_job.parse(text)[1]) == ([1], [])
+    text = in_job_journal.encode(_decision(1)) + in_job_journal.encode(_decision(2))[:40]
+    assert ([d.seq for d in in_job_journal.parse(text)[0]], in_job_journal.parse(text)[1]) == ([1], [])
 
 
 def test_read_refuses_links_and_huge_files(tmp_path):
@@ -194,13 +194,13 @@ def test_read_refuses_links_and_huge_files(tmp_path):
     path = rundir.in_job_journal_path(run_dir)
     path.parent.mkdir(parents=True)
     secret = tmp_path / "secret"
-    secret.write_text(in_job.encode(_decision(1)))
+    secret.write_text(in_job_journal.encode(_decision(1)))
     os.symlink(secret, path)
-    decisions, problems = in_job.read(run_dir)
+    decisions, problems = in_job_journal.read(run_dir)
     assert decisions == [] and len(problems) == 1
     path.unlink()
-    path.write_bytes(b"x" * (in_job.MAX_BYTES + 1))
-    decisions, problems = in_job.read(run_dir)
+    path.write_bytes(b"x" * (in_job_journal.MAX_BYTES + 1))
+    decisions, problems = in_job_journal.read(run_dir)
     assert decisions == [] and "bytes" in problems[0]
 
 
@@ -212,11 +212,11 @@ def test_ingest_records_each_line_once_as_a_job_decision(tmp_path):
     ingest = InJobIngest(ledger, journal, lambda run, text: said.append(text))
     path = rundir.in_job_journal_path(tmp_path / "run")
     path.parent.mkdir(parents=True)
-    path.write_text(in_job.encode(_decision(1, before={"train.micro_batch_size": 4})) + "garbage\n")
+    path.write_text(in_job_journal.encode(_decision(1, before={"train.micro_batch_size": 4})) + "garbage\n")
     assert [d.seq for d in ingest.tick("r1")] == [1]
     assert ingest.tick("r1") == []  # unchanged file: not read again
     with path.open("a") as f:
-        f.write(in_job.encode(_decision(2)))
+        f.write(in_job_journal.encode(_decision(2)))
     assert [d.seq for d in ingest.tick("r1")] == [2]
     again = InJobIngest(ledger, journal, lambda run, text: None)  # a restarted watcher
     assert again.tick("r1") == []
@@ -224,7 +224,7 @@ def test_ingest_records_each_line_once_as_a_job_decision(tmp_path):
     assert [r["in_job_seq"] for r in records] == [1, 2]
     first = records[0]
     assert first["decided_in"] == "job" and first["cause"] == "gpu_oom" and first["attempt"] == 1
-    assert first["decision"]["action"] == in_job.ACTION and first["step"] == 3
+    assert first["decision"]["action"] == in_job_journal.ACTION and first["step"] == 3
     assert first["config_diff"] == {"train.micro_batch_size": {"from": 4, "to": 2}}
     assert ledger.decisions("r1") == []  # the watcher's per-attempt decisions are untouched
     assert sum("skipped line 2" in text for text in said) == 1
@@ -237,7 +237,7 @@ def test_ingest_never_raises(tmp_path):
     ingest = InJobIngest(ledger, SimpleNamespace(), lambda run, text: said.append(text))
     path = rundir.in_job_journal_path(tmp_path / "run")
     path.parent.mkdir(parents=True)
-    path.write_text(in_job.encode(_decision(1)))
+    path.write_text(in_job_journal.encode(_decision(1)))
     assert ingest.tick("r1") == [] and "not read" in said[0]  # a broken journal object: said, not raised
     assert ingest.tick("missing-run") == []
 
@@ -257,7 +257,7 @@ def _steps_logged(out):
 
 
 def _journal(run_dir):
-    decisions, problems = in_job.read(run_dir)
+    decisions, problems = in_job_journal.read(run_dir)
     assert problems == []
     return decisions
 
@@ -389,7 +389,7 @@ def test_an_adaptations_kind_is_read_back_from_its_reason(reason, kind):
 
 
 def test_an_adaptation_reason_is_clipped_to_the_journal_limit():
-    assert len(adaptation_reason("lr_decay", "x" * (2 * in_job.MAX_TEXT))) == in_job.MAX_TEXT
+    assert len(adaptation_reason("lr_decay", "x" * (2 * in_job_journal.MAX_TEXT))) == in_job_journal.MAX_TEXT
 
 
 def _with_spikes(seed, n, at, height):
@@ -524,7 +524,7 @@ def test_carrying_refuses_a_link_and_an_invalid_patch_and_leaves_the_file_alone(
 def test_every_job_of_a_submitted_run_loads_the_runs_config_yaml(tmp_path):
     """Why carrying into config.yaml reaches later attempts: submit points the job at it, and a hand-over successor
     (the same job script and pickle) and a watcher resubmission (effects._resubmit writes it) do too."""
-    from hpc_agent.submission import job_for
+    from hpc_agent.jobs.submission import job_for
 
     run_dir = _submitted(tmp_path)
     job = job_for(run_dir, load_run_config(run_dir), rundir.config_path(run_dir))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpc_agent.config.load import load_run_config
-from hpc_agent.ledger import Ledger
+from hpc_agent.state.ledger import Ledger
 from tests.conftest import run_cli
 from tests.slurm_helpers import LONG_RUN, WatcherProcess, attempts, events, ledger_job_ids, log_text, submit, wait_for
 

@@ -1,13 +1,14 @@
-"""`hpc-agent init` and the template lookup order it relies on (hpc_agent.paths.template_dirs): a project's
+"""`hpc-agent init` and the template lookup order it relies on (hpc_agent.core.paths.template_dirs): a project's
 sbatch_templates/ next to the config file, then in the current directory, then the shipped folder
 (HPC_AGENT_HOME, the wheel, the checkout). The wheel's end-to-end path: tests/test_wheel_install.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_agent import init, paths
+from hpc_agent import init
 from hpc_agent.__main__ import main as agent
-from hpc_agent.launcher import load_template
+from hpc_agent.core import paths
+from hpc_agent.jobs.executor import load_template
 
 
 def write_template(folder: Path, line: str) -> None:

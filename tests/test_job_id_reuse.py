@@ -1,5 +1,5 @@
 """Job id reuse (issue 16, must-show 1): sacct lists an older job under the run's job id first; the watcher
-neither follows nor acts on it. A table test of the pure matching (hpc_agent/job_match.py), then the watcher
+neither follows nor acts on it. A table test of the pure matching (hpc_agent/slurm/job_match.py), then the watcher
 on the canonical FakeSlurm (its ``reuse_job_ids`` is a slurmdbd reset), in text mode and in ``--json`` mode."""
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from hpc_agent.job_match import SUBMIT_SLACK_S, Claim, own_attempts
-from hpc_agent.job_match import job_name_for
-from hpc_agent.observe import json_verdict
+from hpc_agent.slurm.job_match import SUBMIT_SLACK_S, Claim, job_name_for, own_attempts
+from hpc_agent.watcher.observe import json_verdict
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from hpc_agent.sweep.batch import array_name
 from hpc_agent.sweep.spec import trial_run_id

@@ -16,11 +16,12 @@ from typing import Dict, List
 
 import pytest
 
-from hpc_agent import launcher, paths, rundir
 from hpc_agent.config.load import build_config, load_config
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.job_match import job_name_for
-from hpc_agent.launcher import render_job_script
+from hpc_agent.core import paths, rundir
+from hpc_agent.jobs import executor
+from hpc_agent.jobs.executor import render_job_script
+from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.sweep.batch import TrialJob, array_parameters
 from tests.helpers.sbatch_parse import sbatch_options
 
@@ -71,7 +72,7 @@ def sandbox(tmp_path, monkeypatch):
         "srun_args:\n  - --kill-on-bad-exit=1\n  - --export=ALL,R={repo}\n")
     monkeypatch.setenv(paths.HOME_ENV, str(home))
     repo = hostile_path(tmp_path / "repo", canary, "repo", BASH_ONLY)  # {repo}: the install folder
-    monkeypatch.setattr(launcher, "code_root", lambda: repo)
+    monkeypatch.setattr(executor, "code_root", lambda: repo)
     monkeypatch.setattr(paths, "code_root", lambda: repo)
     return {"templates": templates, "tmp": tmp_path, "bin": bin_dir, "canary": canary, "repo": repo}
 
@@ -157,7 +158,7 @@ def test_a_template_placeholder_inside_quotes_is_rejected(sandbox, line):
     """Inside "..." the value's own quotes are literal and a $(..) in it would run: the template is refused."""
     (sandbox["templates"] / "quoted.yaml").write_text(f"setup:\n  - {json.dumps(line)}\n")
     with pytest.raises(ConfigError, match="outside any quotes"):
-        launcher.load_template("quoted")
+        executor.load_template("quoted")
 
 
 # Every allow-listed field, with every payload (and the canary path filled in): each is a config error

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from hpc_agent.follow_model import Expedite, Outcome, Requeue
-from hpc_agent.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
-from hpc_agent.ledger import Ledger
-from hpc_agent.lifecycle import Event, EventKind, Phase
+from hpc_agent.state.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.state.lifecycle import Event, EventKind, Phase
+from hpc_agent.watcher.follow_model import Expedite, Outcome, Requeue
 
 DECISION = {"job_id": "7", "attempt": 0, "cause": "timeout", "action": "requeue", "reason": "time limit",
             "patch": {}, "evidence": ["sacct: TIMEOUT"], "ckpt_step": 40, "decision": {"action": "requeue"}}

@@ -1,4 +1,4 @@
-"""The kill switch (hpc_agent/killswitch.py): ``watch --pause`` stops the watcher and every sweep driver on the
+"""The kill switch (hpc_agent/state/killswitch.py): ``watch --pause`` stops the watcher and every sweep driver on the
 runs root before their next action, keeps their state for a later run, and refuses a path that is no runs root.
 
 The sweep driver runs against the canonical FakeSlurm (tests/helpers/fake_slurm.py) through test_sweep.py's
@@ -8,8 +8,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from hpc_agent import killswitch
-from hpc_agent.ledger import Ledger
+from hpc_agent.state import killswitch
+from hpc_agent.state.ledger import Ledger
 from hpc_agent.sweep import __main__ as sweep_cli
 from hpc_agent.sweep.batch import array_name
 from hpc_agent.sweep.driver import A_JOB, A_PRUNED

@@ -15,10 +15,10 @@ REPO = Path(__file__).resolve().parent.parent
 CLI_MODULES = {"hpc_agent.submit", "hpc_agent.watch", "hpc_agent.diagnose", "hpc_agent.review", "hpc_agent.doctor",
                "hpc_agent.prepare", "hpc_agent.__main__", "hpc_agent.sweep.__main__", "hpc_agent.chaos.__main__",
                "hpc_agent.config.__main__"}
-PURE_CORE = {"hpc_agent.follow", "hpc_agent.follow_model", "hpc_agent.lifecycle", "hpc_agent.policy", "hpc_agent.memory",
-             "hpc_agent.job_match", "hpc_agent.slurm.sacct", "hpc_agent.slurm.sacct_read", "hpc_agent.slurm.sacct_json",
-             "hpc_agent.slurm.hostlist", "hpc_agent.slurm.attempt_cache", "hpc_agent.heartbeat",
-             "hpc_agent.diagnosis.hang", "hpc_agent.notify_events", "hpc_agent.adaptive"}
+PURE_CORE = {"hpc_agent.watcher.follow", "hpc_agent.watcher.follow_model", "hpc_agent.state.lifecycle", "hpc_agent.policy.decide", "hpc_agent.policy.memory",
+             "hpc_agent.slurm.job_match", "hpc_agent.slurm.sacct", "hpc_agent.slurm.sacct_read", "hpc_agent.slurm.sacct_json",
+             "hpc_agent.slurm.hostlist", "hpc_agent.slurm.attempt_cache", "hpc_agent.core.heartbeat_format",
+             "hpc_agent.diagnosis.hang", "hpc_agent.watcher.notify_events", "hpc_agent.policy.adaptive_lr"}
 IO_MODULES = {"subprocess", "sqlite3", "socket", "shutil"}
 
 
@@ -53,5 +53,5 @@ def test_the_pure_core_does_no_io(name):
     path = REPO / (name.replace(".", "/") + ".py")
     imported = set(_imports(path))
     assert not (imported & IO_MODULES), f"{name} imports {sorted(imported & IO_MODULES)}"
-    assert not any(m.startswith(("hpc_agent.slurm.cli", "hpc_agent.ledger", "hpc_agent.watcher", "hpc_agent.effects",
-                                 "hpc_agent.observe", "hpc_agent.journal")) for m in imported), name
+    assert not any(m.startswith(("hpc_agent.slurm.cli", "hpc_agent.state.ledger", "hpc_agent.watcher.loop", "hpc_agent.watcher.effects",
+                                 "hpc_agent.watcher.observe", "hpc_agent.state.journal")) for m in imported), name

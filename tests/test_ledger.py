@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from hpc_agent.ledger import Ledger
+from hpc_agent.state.ledger import Ledger
 
 
 def test_intent_then_job_id(tmp_path):

@@ -25,7 +25,7 @@ def imported_modules(importtime_stderr: str) -> list[str]:
 ])
 def test_cli_imports_neither_torch_nor_deepspeed(argv, tmp_path):
     if argv[-1] == "--runs-root":
-        from hpc_agent.ledger import Ledger
+        from hpc_agent.state.ledger import Ledger
 
         Ledger.in_runs_root(tmp_path)  # an empty ledger, so watch really builds its watcher and ticks
         argv = [*argv, str(tmp_path)]

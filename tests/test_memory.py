@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from hpc_agent.config.load import apply_patch, build_config
-from hpc_agent.memory import Estimate, cheapest_fit, estimate, estimate_from_config, gpt_param_count
+from hpc_agent.policy.memory import Estimate, cheapest_fit, estimate, estimate_from_config, gpt_param_count
 
 GiB = 2**30
 SIZES = [(12, 768, 1024), (28, 1024, 1024), (24, 2048, 2048)]  # ~86 M, 354 M (configs/gpt350m.yaml), 1.2 B
@@ -163,7 +163,7 @@ def test_cheapest_fit_offload():
 def test_memory_module_is_torch_free():
     import subprocess
     import sys
-    code = "import sys, hpc_agent.memory; print('torch' in sys.modules or 'deepspeed' in sys.modules)"
+    code = "import sys, hpc_agent.policy.memory; print('torch' in sys.modules or 'deepspeed' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
 

@@ -13,11 +13,11 @@ import pytest
 from hpc_agent.config.load import build_config
 from hpc_agent.config.notify import NotifyConfig, redact_url, sbatch_options
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.journal import Journal
-from hpc_agent.ledger import Ledger
-from hpc_agent.notify import Notifier, deliver, send_command, send_webhook, NotifyFailed
-from hpc_agent.notify_events import Notification, notifications_for, paused_notification
-from hpc_agent.policy import PastAttempt, retries_left
+from hpc_agent.state.journal import Journal
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.watcher.notifier import Notifier, deliver, send_command, send_webhook, NotifyFailed
+from hpc_agent.watcher.notify_events import Notification, notifications_for, paused_notification
+from hpc_agent.policy.decide import PastAttempt, retries_left
 from hpc_agent.config.load import write_run_config
 from tests.helpers.webhook import Receiver, closed_port_url
 from tests.test_watcher import CODE_LOG, add_run, world  # noqa: F401 - the fake-Slurm watcher fixture
@@ -96,7 +96,7 @@ def test_bad_notify_settings_name_the_fix(section, key, words):
 
 
 def test_mail_is_set_in_one_place_and_reaches_sbatch(tmp_path):
-    from hpc_agent.launcher import Template, slurm_parameters
+    from hpc_agent.jobs.executor import Template, slurm_parameters
 
     with pytest.raises(ConfigError, match="mail in one place"):
         build_config([{"notify": {"mail_type": "END"}, "slurm": {"extra_sbatch": {"mail-type": "FAIL"}}}])

@@ -15,12 +15,12 @@ import pytest
 
 from hpc_agent.config.load import build_config
 from hpc_agent.config.schema import Config
+from hpc_agent.core.causes import Cause
+from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnose import diagnose
-from hpc_agent.diagnosis.causes import Cause
-from hpc_agent.memory import GPU_HEADROOM, estimate_from_config, estimate_with_patch
-from hpc_agent.policy import RESUBMIT, STOP, PastAttempt, Situation, decide
-from hpc_agent.preflight import REFUSE, memory_verdict
-from hpc_agent.rundir import LogText
+from hpc_agent.policy.decide import RESUBMIT, STOP, PastAttempt, Situation, decide
+from hpc_agent.policy.memory import GPU_HEADROOM, estimate_from_config, estimate_with_patch
+from hpc_agent.policy.preflight import REFUSE, memory_verdict
 
 GIB = 2**30
 JOB = "201"
@@ -100,11 +100,11 @@ def by_diagnose(case: Case) -> Dict[str, Any]:
 
 
 def by_watcher_core(case: Case) -> Dict[str, Any]:
-    """The watcher's pure core (``hpc_agent.follow``), fed what the watcher observes: the sacct attempts,
+    """The watcher's pure core (``hpc_agent.watcher.follow``), fed what the watcher observes: the sacct attempts,
     squeue's "not queued", and the run's files (config + OOM log); its history comes from the ledger."""
-    from hpc_agent.follow_model import NOTIFY, RESUBMIT_EFFECT, Observation, RunFiles, RunState
-    from hpc_agent.follow import follow
-    from hpc_agent.lifecycle import Phase
+    from hpc_agent.watcher.follow_model import NOTIFY, RESUBMIT_EFFECT, Observation, RunFiles, RunState
+    from hpc_agent.watcher.follow import follow
+    from hpc_agent.state.lifecycle import Phase
     from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 
     attempts = tuple(group_attempts(parse_sacct(case.sacct_text))[JOB])

@@ -7,8 +7,8 @@ import pytest
 
 from hpc_agent.config.load import build_config
 from hpc_agent.diagnosis.logscan import gpu_capacity_bytes
-from hpc_agent.memory import estimate_from_config, estimate_with_patch, gpu_oom_fit, gpu_oom_rung
-from hpc_agent.policy import RESUBMIT, PolicyLimits, Situation, decide
+from hpc_agent.policy.decide import RESUBMIT, PolicyLimits, Situation, decide
+from hpc_agent.policy.memory import estimate_from_config, estimate_with_patch, gpu_oom_fit, gpu_oom_rung
 
 GIB = 2**30
 # About a 300M-parameter GPT (sequence 4096) on one GPU: the estimate is 56.1 GiB at micro-batch 16 (bf16,

@@ -1,4 +1,4 @@
-"""hpc_agent.ops_cache and hpc_agent.envcheck: where prepared DeepSpeed ops live, how a job decides it may
+"""hpc_agent.core.ops_cache and hpc_agent.checks.envcheck: where prepared DeepSpeed ops live, how a job decides it may
 load one, and what the doctor says about them and about torch build locks. No torch needed here."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent import envcheck
-from hpc_agent.fsutil import atomic_write_json
-from hpc_agent.ops_cache import (MANIFEST, OPS_DIR_ENV, STALE_LOCK_AGE_S, PreparedOp, Runtime, cpu_flags,
-                                 find_build_locks, find_prepared, manifest_data, missing_op_message, ops_dir,
-                                 read_manifest, runtime_dir, sha256_of, torch_extensions_roots)
+from hpc_agent.checks import envcheck
+from hpc_agent.core.fsutil import atomic_write_json
+from hpc_agent.core.ops_cache import (MANIFEST, OPS_DIR_ENV, STALE_LOCK_AGE_S, PreparedOp, Runtime, cpu_flags,
+                                      find_build_locks, find_prepared, manifest_data, missing_op_message, ops_dir,
+                                      read_manifest, runtime_dir, sha256_of, torch_extensions_roots)
 from tests.conftest import run_cli
 
 RT = Runtime("cpu", "cp311", "2.13.0+cpu", "0.19.8", "x86_64")
@@ -178,7 +178,7 @@ def test_doctor_finds_a_stale_torch_extension_lock(tmp_path):
 
 
 def test_a_second_prepare_waits_for_the_first_then_gives_up_naming_it(tmp_path):
-    from hpc_agent.fsutil import hold_lock
+    from hpc_agent.core.fsutil import hold_lock
     from launch.ops import _take_lock
 
     path = tmp_path / ".prepare.lock"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers.common import expect, run, snapshot
-from hpc_agent.diagnosis.exit_codes import EXIT_ENVIRONMENT
-from hpc_agent.ops_cache import MANIFEST, OPS_DIR_ENV, ops_dir, runtime_dir
+from hpc_agent.core.exit_codes import EXIT_ENVIRONMENT
+from hpc_agent.core.ops_cache import MANIFEST, OPS_DIR_ENV, ops_dir, runtime_dir
 from tests.conftest import REPO, run_cli
 
 SHM_OP = "deepspeed_shm_comm"  # what every DeepSpeed job on the CPU accelerator loads at init_distributed

@@ -1,8 +1,8 @@
-"""The placement chooser (hpc_agent.placement.choose) and its inputs (hpc_agent.placement_options): table tests.
+"""The placement chooser (hpc_agent.policy.partitions.choose) and its inputs (hpc_agent.policy.partition_options): table tests.
 
 Each row of CASES is a set of candidates and the partition that must win, with a phrase its reason must
 contain. Then the option builder: what fits where (and with which OOM-ladder rung), the time model, and the
-watcher's rule after a GPU OOM (hpc_agent.policy_placement): move to the bigger GPU when that finishes
+watcher's rule after a GPU OOM (hpc_agent.policy.partition_rule): move to the bigger GPU when that finishes
 sooner, else take the rung in place.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from types import SimpleNamespace as NS
 import pytest
 
 from hpc_agent.config.load import load_config
-from hpc_agent.placement import Candidate, choose, fmt_duration, fmt_size
-from hpc_agent.placement_options import candidates, change_factor, step_seconds
+from hpc_agent.policy.partition_options import candidates, change_factor, step_seconds
+from hpc_agent.policy.partitions import Candidate, choose, fmt_duration, fmt_size
 
 H = 3600.0
 SMALL = dict(gpu_type="a10", gpu_gib=24.0, gpus=1)
@@ -101,7 +101,7 @@ def test_choose(rows, winner, phrase):
 def test_after_a_node_failure_a_partition_with_no_node_left_is_out_and_the_run_moves():
     """The watcher gathers the facts with the failed node excluded: sbatch --test-only refuses the partition
     whose only node it was, so the run moves, keeping the exclusion."""
-    from hpc_agent.policy import Situation, decide
+    from hpc_agent.policy.decide import Situation, decide
 
     cfg = load_config("quickstart", ["slurm.gpus_per_node=1", "slurm.tasks_per_node=1", "slurm.partition=gpu_small",
                                      "placement.mode=auto"])
@@ -211,7 +211,7 @@ def test_costs_by_partition_then_gpu_type():
 
 # --- the watcher's rule after a GPU OOM: the bigger GPU when it finishes sooner, else the rung -------------
 def _oom_decision(big_start):
-    from hpc_agent.policy import Situation, decide
+    from hpc_agent.policy.decide import Situation, decide
 
     cfg = load_config("quickstart", ["slurm.gpus_per_node=1", "slurm.tasks_per_node=1", "slurm.partition=gpu_small",
                                      "train.micro_batch_size=4", "train.max_steps=2000", "placement.mode=auto",
@@ -237,7 +237,7 @@ def test_after_an_oom_a_busy_bigger_gpu_loses_to_the_rung():
 
 
 def test_within_the_tolerance_the_rung_in_place_keeps_the_big_gpus_free():
-    from hpc_agent.policy import Situation, decide
+    from hpc_agent.policy.decide import Situation, decide
 
     cfg = load_config("quickstart", ["slurm.gpus_per_node=1", "slurm.tasks_per_node=1", "slurm.partition=gpu_small",
                                      "train.micro_batch_size=4", "placement.mode=auto"])
@@ -247,7 +247,7 @@ def test_within_the_tolerance_the_rung_in_place_keeps_the_big_gpus_free():
 
 
 def test_without_facts_or_with_placement_off_the_ladder_decides_as_before():
-    from hpc_agent.policy import Situation, decide
+    from hpc_agent.policy.decide import Situation, decide
 
     cfg = load_config("quickstart", ["slurm.gpus_per_node=1", "slurm.tasks_per_node=1", "slurm.partition=gpu_small",
                                      "train.micro_batch_size=4"])

@@ -1,4 +1,4 @@
-"""hpc_agent.placement_facts: the pure parsers (sinfo rows, --test-only answers, refusals) and the adapter
+"""hpc_agent.slurm.partition_facts: the pure parsers (sinfo rows, --test-only answers, refusals) and the adapter
 against a tiny fake Slurm client that records every argv (no cluster)."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_agent import placement_facts as pf
 from hpc_agent.config.load import load_config
+from hpc_agent.slurm import partition_facts as pf
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sinfo import gpu_types_in_gres
 

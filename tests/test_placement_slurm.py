@@ -17,7 +17,7 @@ from typing import List
 
 import pytest
 
-from hpc_agent.ledger import Ledger
+from hpc_agent.state.ledger import Ledger
 from tests.conftest import run_cli
 from tests.slurm_helpers import SLURM, WatcherProcess, accounting, log_text, queue_and_nodes, wait_for
 

@@ -8,10 +8,10 @@ import pytest
 
 from hpc_agent.config.load import apply_patch, build_config, patch_as_overrides
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.diagnosis.causes import ALL_CAUSES
-from hpc_agent.memory import gpu_oom_rung
-from hpc_agent.policy import (DONE, REQUEUE, RESUBMIT, STOP, WAIT, PastAttempt, PolicyLimits, Situation, decide,
-                              format_mem, merge_exclude, parse_mem_mb)
+from hpc_agent.core.causes import ALL_CAUSES
+from hpc_agent.policy.decide import (DONE, REQUEUE, RESUBMIT, STOP, WAIT, PastAttempt, PolicyLimits, Situation, decide,
+                                     format_mem, merge_exclude, parse_mem_mb)
+from hpc_agent.policy.memory import gpu_oom_rung
 
 
 def cfg(**overrides: Any):

@@ -3,7 +3,7 @@
 There Slurm never requeues a preempted job: at the end of GraceTime it cancels it, and a tool that reads
 the ended job as "done" loses the run. Here the run is preempted by a job in the high partition that holds
 the run's node, so it can only come back on the other node. On SIGUSR2 (``preempt_send_user_signal``) every
-rank saves the checkpoint and exits 75, and the batch shell requeues the job (hpc_agent/handback.py) long
+rank saves the checkpoint and exits 75, and the batch shell requeues the job (hpc_agent/core/handback.py) long
 before the cancel would come; the watcher expedites the requeued attempt. The run must complete with no
 step lost and no process of the preempted attempt left on its node.
 """

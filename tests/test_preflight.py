@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from hpc_agent.config.load import build_config
-from hpc_agent.memory import estimate_from_config, estimate_with_patch
-from hpc_agent.preflight import OK, REFUSE, SKIP, WARN, gpu_capacity, memory_verdict
+from hpc_agent.policy.memory import estimate_from_config, estimate_with_patch
+from hpc_agent.policy.preflight import OK, REFUSE, SKIP, WARN, gpu_capacity, memory_verdict
 from hpc_agent.slurm.sinfo import gpu_gib_from_gres, partition_gres
 from tests.conftest import run_cli
 

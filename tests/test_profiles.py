@@ -9,11 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_agent import doctor_profile, paths
+from hpc_agent.checks import profile_fit
 from hpc_agent.config.load import load_config, load_snapshot_text, to_yaml
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.profile import PROFILE_ENV, Profile, gpu_request, selected
-from hpc_agent.launcher import render_job_script
+from hpc_agent.core import paths
+from hpc_agent.jobs.executor import render_job_script
 from hpc_agent.slurm.sinfo import parse_partitions, parse_version
 
 RUN_DIR = Path("/runs/quickstart-20260101-000000")
@@ -250,9 +251,9 @@ PARTS = parse_partitions("low*|2|2|3000|(null)|up\ngpu|1|8|64000|gpu:a100:4|up\n
 
 def test_doctor_partition_check_names_the_missing_partition(home):
     cfg = load_config("quickstart", ["slurm.partition=nosuch"], env={})
-    level, _, detail = doctor_profile.check_partition(cfg, PARTS)
+    level, _, detail = profile_fit.check_partition(cfg, PARTS)
     assert level == "FAIL" and "nosuch" in detail and "gpu, low" in detail
-    assert doctor_profile.check_partition(load_config("quickstart", ["slurm.partition=gpu"], env={}), PARTS)[0] == "OK"
+    assert profile_fit.check_partition(load_config("quickstart", ["slurm.partition=gpu"], env={}), PARTS)[0] == "OK"
 
 
 @pytest.mark.parametrize("listed,rc,level", [("root\nproj\n", 0, "OK"), ("root\n", 0, "FAIL"), ("", 1, "WARN")])
@@ -260,21 +261,21 @@ def test_doctor_checks_the_account_is_known_to_accounting(home, listed, rc, leve
     cfg = load_config("quickstart", ["slurm.account=Proj"], env={})
     cli = SimpleNamespace(run=lambda argv, check=True, timeout_s=None: SimpleNamespace(
         returncode=rc, stdout=listed, stderr="sacctmgr: error" if rc else ""))
-    got, name, detail = doctor_profile.check_accounting_name(cli, cfg, "account")
+    got, name, detail = profile_fit.check_accounting_name(cli, cfg, "account")
     assert (got, name) == (level, "profile account")
     if level == "FAIL":
         assert "Proj" in detail and "slurm.account" in detail and "root" in detail
-    assert doctor_profile.check_accounting_name(cli, cfg, "qos")[0] == "OK"  # none set
+    assert profile_fit.check_accounting_name(cli, cfg, "qos")[0] == "OK"  # none set
 
 
 def test_doctor_tries_the_gpu_style_on_a_gpu_partition(home):
     cfg = load_config("quickstart", ["profile.gpu_request=gres"], env={})
     cli = FakeCLI(rc=1)
-    level, _, detail = doctor_profile.check_gpu_style(cli, cfg, PARTS)
+    level, _, detail = profile_fit.check_gpu_style(cli, cfg, PARTS)
     assert level == "FAIL" and "--gres=gpu:1" in detail and "profile.gpu_request" in detail
     assert "--gres" in cli.calls[0] and "gpu" in cli.calls[0]
-    assert doctor_profile.check_gpu_style(FakeCLI(), cfg, PARTS)[0] == "OK"
-    assert doctor_profile.check_gpu_style(FakeCLI(rc=1), cfg, PARTS[:1])[0] == "OK"  # no GPUs anywhere
+    assert profile_fit.check_gpu_style(FakeCLI(), cfg, PARTS)[0] == "OK"
+    assert profile_fit.check_gpu_style(FakeCLI(rc=1), cfg, PARTS[:1])[0] == "OK"  # no GPUs anywhere
 
 
 @pytest.mark.parametrize("version,quirks,level,words", [
@@ -286,7 +287,7 @@ def test_doctor_tries_the_gpu_style_on_a_gpu_partition(home):
 def test_doctor_compares_quirks_with_the_version(home, version, quirks, level, words):
     overrides = [f"profile.quirks.{k}={str(v).lower()}" for k, v in quirks.items()]
     cfg = load_config("quickstart", overrides, env={})
-    got, _, detail = doctor_profile.check_quirks(FakeCLI(version), cfg)
+    got, _, detail = profile_fit.check_quirks(FakeCLI(version), cfg)
     assert got == level and words in detail, detail
 
 
@@ -297,11 +298,11 @@ def test_version_parser():
 
 
 def test_doctor_parses_activation_lines_with_bash():
-    assert doctor_profile.check_activation([])[0] == "OK"
-    assert doctor_profile.check_activation(["module load x", "if true; then", "echo ok", "fi"])[0] == "OK"
-    level, _, detail = doctor_profile.check_activation(["module load x", "if [ -f x ]; then echo"])
+    assert profile_fit.check_activation([])[0] == "OK"
+    assert profile_fit.check_activation(["module load x", "if true; then", "echo ok", "fi"])[0] == "OK"
+    level, _, detail = profile_fit.check_activation(["module load x", "if [ -f x ]; then echo"])
     assert level == "FAIL" and "bash -n" in detail
-    level, _, detail = doctor_profile.check_activation(["echo 'unclosed"])
+    level, _, detail = profile_fit.check_activation(["echo 'unclosed"])
     assert level == "FAIL" and "profile.activate[0]" in detail
 
 
@@ -331,7 +332,7 @@ def test_watcher_reads_the_sacct_json_quirk_from_the_environment_profile(home):
 
 
 def test_the_requested_gpu_type_sizes_the_memory_check(home):
-    from hpc_agent.preflight import gpu_capacity
+    from hpc_agent.policy.preflight import gpu_capacity
 
     cfg = load_config("quickstart", ["slurm.gpus_per_node=1", "profile.gpu_request=gres-typed",
                                      "profile.gpu_type=h100"], env={})
@@ -355,6 +356,6 @@ def test_sacctmgr_is_allowed_and_gets_no_clusters_flag():
     from hpc_agent.slurm.cli import ALLOWED, with_clusters
 
     assert "sacctmgr" in ALLOWED
-    argv = doctor_profile.ACCOUNTING_LISTS["account"]
+    argv = profile_fit.ACCOUNTING_LISTS["account"]
     assert with_clusters(argv, "a,b") == argv  # sacctmgr rejects --clusters
     assert with_clusters(["sinfo", "--version"], "a") == ["sinfo", "--clusters=a", "--version"]

@@ -70,7 +70,7 @@ def test_submit_wait_shows_progress_and_its_own_watcher_handles_a_preemption(roo
     assert decision and decision.group(1) == "preempted" and decision.group(2) in ("expedite", "requeue"), output
     assert re.search(r"run progress-\S+: job \S+ finished COMPLETED \(run completed\)", output), output
     assert re.search(r"^job \S+ finished: COMPLETED$", output, re.M), output
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     ledger = Ledger.in_runs_root(root)
     assert ledger.run(run_dir.name).phase == "completed"
@@ -80,7 +80,7 @@ def test_submit_wait_shows_progress_and_its_own_watcher_handles_a_preemption(roo
 def test_sweep_without_a_watcher_judges_failed_trials_and_reports_them(root, tmp_path):
     import optuna
 
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
     from tests.test_sweep_slurm import study_of, sweep_cmd, sweep_file
 
     root.mkdir(parents=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_agent.progress import parse_queue, positions
-from hpc_agent.progress_view import PlainPrinter, RunView, decision_line, eta_s, lines, make_printer, status_line
+from hpc_agent.runs.progress import parse_queue, positions
+from hpc_agent.runs.progress_view import PlainPrinter, RunView, decision_line, eta_s, lines, make_printer, status_line
 
 R = "run qs-1"
 
@@ -131,18 +131,18 @@ def _run(tmp_path, ledger, run_id, job_id):
 def test_tracker_reads_queue_heartbeats_and_the_last_decision(tmp_path):
     import time as _time
 
-    from hpc_agent import heartbeat, rundir
-    from hpc_agent.ledger import Ledger
-    from hpc_agent.progress import Tracker
+    from hpc_agent.core import heartbeat_format, rundir
+    from hpc_agent.state.ledger import Ledger
+    from hpc_agent.runs.progress import Tracker
 
     ledger = Ledger.in_runs_root(tmp_path)
     _run(tmp_path, ledger, "a", "30")
     run_b = _run(tmp_path, ledger, "b", "31")
     now = _time.time()
     rundir.heartbeat_dir(run_b).mkdir()
-    rundir.heartbeat_path(run_b, 0).write_bytes(heartbeat.encode(heartbeat.Beat(
+    rundir.heartbeat_path(run_b, 0).write_bytes(heartbeat_format.encode(heartbeat_format.Beat(
         "31", 0, 0, 1, "n1", 9, "training", now - 5, 50, now - 0.1, 0, (0.1,) * 10, now - 20, now, 2.0)))
-    from hpc_agent.journal import Journal
+    from hpc_agent.state.journal import Journal
 
     Journal(ledger).add_audit("b", {"job_id": "31", "cause": "preempted", "action": "expedite", "reason": "r"})
     Journal(ledger).add_audit("b", {"job_id": "31", "action": "submit"})  # an action without a cause: skipped
@@ -157,8 +157,8 @@ def test_tracker_reads_queue_heartbeats_and_the_last_decision(tmp_path):
 
 
 def test_tracker_asks_accounting_only_for_ended_jobs(tmp_path):
-    from hpc_agent.ledger import Ledger
-    from hpc_agent.progress import Tracker
+    from hpc_agent.state.ledger import Ledger
+    from hpc_agent.runs.progress import Tracker
 
     ledger = Ledger.in_runs_root(tmp_path)
     _run(tmp_path, ledger, "a", "40")
@@ -169,7 +169,7 @@ def test_tracker_asks_accounting_only_for_ended_jobs(tmp_path):
 
 
 def test_final_state_is_the_runs_not_the_first_jobs():
-    from hpc_agent.submit_wait import final_state
+    from hpc_agent.watcher.submit_wait import final_state
 
     assert final_state("completed", "COMPLETED") == "COMPLETED"
     assert final_state("stopped", "FAILED") == "FAILED"

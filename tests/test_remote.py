@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent import remote, remote_submit, remote_tb, service_files, status
+from hpc_agent import status
+from hpc_agent.remote import ssh, ssh_submit, tb_pull
+from hpc_agent.watcher import service_files
 
 HOSTILE = ["plain", "two words", "it's", 'say "hi"', "$(touch /tmp/pwned_hpc_agent)", "`id`", "a;b", "x && y",
            "line1\nline2", "# not a comment", "#", "*", "~", "$HOME", "back\\slash", "-n", "--", "", "tab\there",
@@ -32,7 +34,7 @@ def _echo_words(command: str) -> list:
 
 @pytest.mark.parametrize("word", HOSTILE)
 def test_every_hostile_word_arrives_as_one_argv_word(word):
-    command = remote.remote_command([sys.executable, word, "after"])
+    command = ssh.remote_command([sys.executable, word, "after"])
     assert _echo_words(command) == [word, "after"]
     assert not Path("/tmp/pwned_hpc_agent").exists()
 
@@ -41,15 +43,15 @@ def test_all_hostile_words_at_once_and_with_a_remote_dir(tmp_path):
     folder = tmp_path / "it's a $(dir); #x"
     folder.mkdir()
     words = [sys.executable, *HOSTILE]
-    assert _echo_words(remote.remote_command(words)) == HOSTILE
-    assert _echo_words(remote.remote_command(words, str(folder))) == HOSTILE
+    assert _echo_words(ssh.remote_command(words)) == HOSTILE
+    assert _echo_words(ssh.remote_command(words, str(folder))) == HOSTILE
 
 
 def test_remote_dir_is_relative_to_home_and_quoted():
-    assert remote.remote_command(["py", "x"], "~/proj dir") == "cd -- 'proj dir' && exec py x"
-    assert remote.remote_command(["py"], "/abs") == "cd -- /abs && exec py"
-    with pytest.raises(remote.RemoteError):
-        remote.remote_command(["py", "a\0b"])
+    assert ssh.remote_command(["py", "x"], "~/proj dir") == "cd -- 'proj dir' && exec py x"
+    assert ssh.remote_command(["py"], "/abs") == "cd -- /abs && exec py"
+    with pytest.raises(ssh.RemoteError):
+        ssh.remote_command(["py", "a\0b"])
 
 
 @pytest.mark.parametrize("target, ok", [
@@ -58,10 +60,10 @@ def test_remote_dir_is_relative_to_home_and_quoted():
     ("a\nb", False), ("", False), ("me@host:22", False)])
 def test_targets(target, ok):
     if ok:
-        assert remote.check_target(target) == target
+        assert ssh.check_target(target) == target
     else:
-        with pytest.raises(remote.RemoteError):
-            remote.check_target(target)
+        with pytest.raises(ssh.RemoteError):
+            ssh.check_target(target)
 
 
 @pytest.mark.parametrize("option, ok", [
@@ -69,31 +71,31 @@ def test_targets(target, ok):
     ("-p", False), ("Port", False), ("=x", False), ("Port=1\nProxyCommand=x", False), ("1Port=2", False)])
 def test_ssh_options(option, ok):
     if ok:
-        assert remote.check_options([option]) == [option]
+        assert ssh.check_options([option]) == [option]
     else:
-        with pytest.raises(remote.RemoteError):
-            remote.check_options([option])
+        with pytest.raises(ssh.RemoteError):
+            ssh.check_options([option])
 
 
 def test_ssh_argv_shape(tmp_path):
-    argv = remote.ssh_argv("me@login", "exec python3 -m hpc_agent status", tmp_path, ["Port=2222"])
+    argv = ssh.ssh_argv("me@login", "exec python3 -m hpc_agent status", tmp_path, ["Port=2222"])
     assert argv[:4] == ["ssh", "-T", "-o", "Port=2222"]  # the user's options first: ssh keeps the first value
     assert argv[-3:] == ["--", "me@login", "exec python3 -m hpc_agent status"]
     opts = [argv[i + 1] for i, w in enumerate(argv) if w == "-o"]
     assert "BatchMode=yes" in opts and "ControlMaster=auto" in opts and f"ControlPath={tmp_path}/%C" in opts
     assert any(o.startswith("ConnectTimeout=") for o in opts) and any(o.startswith("ControlPersist=") for o in opts)
-    assert remote.close_argv(argv)[-4:] == ["-O", "exit", "--", "me@login"]
+    assert ssh.close_argv(argv)[-4:] == ["-O", "exit", "--", "me@login"]
 
 
 def test_socket_path_with_percent_and_space_is_escaped(tmp_path):
-    argv = remote.ssh_argv("h", "true", tmp_path / "50% a", [])
+    argv = ssh.ssh_argv("h", "true", tmp_path / "50% a", [])
     assert f'ControlPath="{tmp_path}/50%% a"/%C' in argv
 
 
 def test_env_options(monkeypatch):
-    assert remote.env_options({remote.SSH_OPTS_ENV: "Port=2 'IdentityFile=/a b'"}) == ["Port=2", "IdentityFile=/a b"]
-    with pytest.raises(remote.RemoteError):
-        remote.env_options({remote.SSH_OPTS_ENV: "-p 2"})
+    assert ssh.env_options({ssh.SSH_OPTS_ENV: "Port=2 'IdentityFile=/a b'"}) == ["Port=2", "IdentityFile=/a b"]
+    with pytest.raises(ssh.RemoteError):
+        ssh.env_options({ssh.SSH_OPTS_ENV: "-p 2"})
 
 
 @pytest.mark.parametrize("argv, rest", [
@@ -103,26 +105,26 @@ def test_env_options(monkeypatch):
     (["--remote", "h", "--", "--remote", "x"], ["--", "--remote", "x"]),
 ])
 def test_split_argv(argv, rest):
-    assert remote.split_argv(argv) == rest
+    assert ssh.split_argv(argv) == rest
 
 
 def test_split_argv_refuses_abbreviations():
-    with pytest.raises(remote.RemoteError):
-        remote.split_argv(["--remote-p", "x"])
+    with pytest.raises(ssh.RemoteError):
+        ssh.split_argv(["--remote-p", "x"])
 
 
 def test_socket_dir_is_private_and_short(tmp_path, monkeypatch):
-    folder = remote.ensure_socket_dir(remote.socket_dir({"XDG_RUNTIME_DIR": str(tmp_path)}))
+    folder = ssh.ensure_socket_dir(ssh.socket_dir({"XDG_RUNTIME_DIR": str(tmp_path)}))
     assert folder == tmp_path / "hpc_agent-ssh" or folder.name.startswith("hpc_agent-ssh-")
-    assert folder.stat().st_mode & 0o777 == 0o700 and len(str(folder)) <= remote.MAX_SOCKET_DIR
+    assert folder.stat().st_mode & 0o777 == 0o700 and len(str(folder)) <= ssh.MAX_SOCKET_DIR
     os.chmod(folder, 0o755)
-    assert remote.ensure_socket_dir(folder).stat().st_mode & 0o777 == 0o700  # tightened
+    assert ssh.ensure_socket_dir(folder).stat().st_mode & 0o777 == 0o700  # tightened
     link = tmp_path / "link"
     link.symlink_to(tmp_path)
-    with pytest.raises(remote.RemoteError):
-        remote.ensure_socket_dir(link)
+    with pytest.raises(ssh.RemoteError):
+        ssh.ensure_socket_dir(link)
     long_home = {"HOME": "/" + "h" * 80}
-    assert str(remote.socket_dir(long_home)) == f"/tmp/hpc_agent-ssh-{os.getuid()}"
+    assert str(ssh.socket_dir(long_home)) == f"/tmp/hpc_agent-ssh-{os.getuid()}"
 
 
 def _submit_args(argv):
@@ -134,14 +136,14 @@ def _submit_args(argv):
 def test_submit_sends_stdin_config_and_flags_without_overrides():
     argv = ["--remote", "me@login", "quickstart", "train.max_steps=7", "--wait", "--ssh-option", "Port=2"]
     args = _submit_args(argv)
-    assert remote_submit.remote_args(argv, args) == ["-", "--wait"]
+    assert ssh_submit.remote_args(argv, args) == ["-", "--wait"]
 
 
 def test_submit_remote_validates_locally_and_sends_nothing(monkeypatch, capsys):
     sent = []
-    monkeypatch.setattr(remote, "forward", lambda *a, **k: sent.append((a, k)) or 0)
+    monkeypatch.setattr(ssh, "forward", lambda *a, **k: sent.append((a, k)) or 0)
     argv = ["--remote", "me@login", "quickstart", "train.max_steps=-3", "slurm.nodes=zero"]
-    assert remote_submit.submit_remote(_submit_args(argv), argv) == 2
+    assert ssh_submit.submit_remote(_submit_args(argv), argv) == 2
     err = capsys.readouterr().err
     assert "train.max_steps" in err and "slurm.nodes" in err and "Nothing was sent" in err and not sent
 
@@ -154,9 +156,9 @@ def test_submit_remote_sends_the_resolved_yaml(monkeypatch):
         sent.update(command=command, argv=argv, stdin=stdin)
         return 0
 
-    monkeypatch.setattr(remote, "forward", fake_forward)
+    monkeypatch.setattr(ssh, "forward", fake_forward)
     argv = ["--remote", "me@login", "quickstart", "train.max_steps=7"]
-    assert remote_submit.submit_remote(_submit_args(argv), argv) == 0
+    assert ssh_submit.submit_remote(_submit_args(argv), argv) == 0
     assert sent["command"] == "submit" and sent["argv"] == ["-"]
     from hpc_agent.config.load import load_snapshot_text
 
@@ -169,17 +171,17 @@ def test_config_from_stdin(tmp_path):
 
     from hpc_agent.config.problems import ConfigError
 
-    path = Path(remote_submit.config_from_stdin(io.BytesIO(b"train:\n  max_steps: 3\n")))
+    path = Path(ssh_submit.config_from_stdin(io.BytesIO(b"train:\n  max_steps: 3\n")))
     assert path.read_text() == "train:\n  max_steps: 3\n" and path.parent.stat().st_mode & 0o777 == 0o700
     for data in (b"", b"x" * ((1 << 20) + 1)):
         with pytest.raises(ConfigError):
-            remote_submit.config_from_stdin(io.BytesIO(data))
+            ssh_submit.config_from_stdin(io.BytesIO(data))
 
 
 # --- the TB pull protocol, both halves in one process ----------------------------------------------------
-def _pull_round(run_dir, mirror, state, budget=remote_tb.BUDGET):
-    reply = json.loads(json.dumps(remote_tb.export(run_dir, state, budget)))
-    return reply, remote_tb.apply(mirror, reply, state)
+def _pull_round(run_dir, mirror, state, budget=tb_pull.BUDGET):
+    reply = json.loads(json.dumps(tb_pull.export(run_dir, state, budget)))
+    return reply, tb_pull.apply(mirror, reply, state)
 
 
 def test_export_and_apply_mirror_incrementally(tmp_path):
@@ -231,7 +233,7 @@ def test_export_never_follows_links(tmp_path):
     secret.write_text("private")
     (run_dir / "tb" / "events.out.tfevents.1.link").symlink_to(secret)
     (run_dir / "run.json").symlink_to(secret)
-    reply = remote_tb.export(run_dir, {})
+    reply = tb_pull.export(run_dir, {})
     paths = [f["path"] for r in reply["runs"] for f in r["files"]]
     assert "tb/events.out.tfevents.1.link" not in paths and "run.json" not in paths
     assert any("symbolic link" in n for n in reply["notes"])
@@ -242,12 +244,12 @@ def test_export_never_follows_links(tmp_path):
 def test_apply_refuses_what_a_pull_never_writes(tmp_path, run_id, rel):
     reply = {"runs": [{"run_id": run_id, "files": [{"path": rel, "offset": 0, "size": 1, "data": "eA=="}]}]}
     with pytest.raises(ValueError):
-        remote_tb.apply(tmp_path / "m", reply, {})
+        tb_pull.apply(tmp_path / "m", reply, {})
     assert not (tmp_path / "x").exists()
 
 
 def test_drop_option():
-    assert remote_tb.drop_option(["a", "--pull", "d", "--plot", "p.png", "--pull=e"], "--pull") == ["a", "--plot", "p.png"]
+    assert tb_pull.drop_option(["a", "--pull", "d", "--plot", "p.png", "--pull=e"], "--pull") == ["a", "--plot", "p.png"]
 
 
 def test_review_remote_refuses_local_outputs_without_pull(capsys):

@@ -5,10 +5,10 @@ import signal
 import pytest
 
 from helpers.common import expect, losses, run, snapshot, start, tb_scalars, wait_for, wait_for_snapshot
-from hpc_agent import in_job
-from hpc_agent.adaptive import adaptation_kind
-from hpc_agent.checkpoints import MARKER, tag_for
-from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG
+from hpc_agent.core import in_job_journal
+from hpc_agent.core.checkpoint_format import MARKER, tag_for
+from hpc_agent.core.exit_codes import EXIT_CONFIG
+from hpc_agent.policy.adaptive_lr import adaptation_kind
 from launch import universal
 
 # Issue 21: the exact-resume tests also run with the adaptive LR schedule on, set to adapt often (a plateau of
@@ -23,9 +23,9 @@ ADAPTIVE = {"off": {},
 def adaptations(run_dir):
     """(step, kind) of every adaptation the run's journal records, each once (a killed attempt's adaptations
     past the step it resumed from are made again by the resumed attempt)."""
-    decisions, problems = in_job.read(run_dir)
+    decisions, problems = in_job_journal.read(run_dir)
     assert problems == []
-    return sorted({(d.step, adaptation_kind(d.reason)) for d in decisions if d.action == in_job.ADAPT_ACTION})
+    return sorted({(d.step, adaptation_kind(d.reason)) for d in decisions if d.action == in_job_journal.ADAPT_ACTION})
 
 
 def check_adaptations(mode, straight_dir, resumed_dir, resumed_from):

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from hpc_agent.config.load import build_config, write_run_config
-from hpc_agent.ledger import Ledger
 from hpc_agent.review import main, start_tensorboard
-from hpc_agent.review_plot import boundary_labels, event_label
-from hpc_agent.runreview import review_run
+from hpc_agent.runs.history import review_run
+from hpc_agent.runs.plot import boundary_labels, event_label
+from hpc_agent.state.ledger import Ledger
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = "gpt-20260101-000000"

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from hpc_agent import heartbeat, in_job, rundir
 from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.config.resilience import ResilienceConfig
+from hpc_agent.core import heartbeat_format, in_job_journal, rundir
 from hpc_agent.diagnosis.hang import judge
-from hpc_agent.in_job_ingest import audit_record
-from hpc_agent.ledger import Ledger
 from hpc_agent.review import decision_lines, main, render_table
-from hpc_agent.review_live import describe, duration, live_view
-from hpc_agent.review_plot import boundary_labels, build_figure, in_job_markers
-from hpc_agent.runreview import review_run
+from hpc_agent.runs.history import review_run
+from hpc_agent.runs.live import describe, duration, live_view
+from hpc_agent.runs.plot import boundary_labels, build_figure, in_job_markers
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.watcher.in_job import audit_record
 from tests.test_review import RUN_ID, T0, _write_attempt, make_run
 
 STEP_S = 1.0
@@ -47,14 +47,14 @@ def make_live_run(root: Path, phase: str = "running") -> Path:
 
 
 def write_beat(run_dir: Path, *, step: int, step_at, written_at: float, phase: str = "training",
-               rank: int = 0) -> heartbeat.Beat:
-    beat = heartbeat.Beat(job_id="2001", attempt=0, rank=rank, world=1, host="node1", pid=4242, phase=phase,
-                          phase_since=START, step=step, step_at=step_at, start_step=0,
-                          recent_step_s=(STEP_S,) * 20, started_at=START - 5, written_at=written_at,
-                          interval_s=DEFAULTS.heartbeat_s)
+               rank: int = 0) -> heartbeat_format.Beat:
+    beat = heartbeat_format.Beat(job_id="2001", attempt=0, rank=rank, world=1, host="node1", pid=4242, phase=phase,
+                                 phase_since=START, step=step, step_at=step_at, start_step=0,
+                                 recent_step_s=(STEP_S,) * 20, started_at=START - 5, written_at=written_at,
+                                 interval_s=DEFAULTS.heartbeat_s)
     path = rundir.heartbeat_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(heartbeat.encode(beat))
+    path.write_bytes(heartbeat_format.encode(beat))
     return beat
 
 
@@ -130,7 +130,7 @@ def test_queued_run_is_not_judged(root):
     ("saving", "saving", "saving for"), ("evaluating", "evaluating", "evaluating for")])
 def test_other_verdict_kinds_read_in_words(phase, kind, words):
     now = LAST + 2000
-    beat = heartbeat.Beat("2001", 0, 0, 1, "node1", 1, phase, LAST, 40, LAST, 0, (STEP_S,) * 20, START, now - 1, 5.0)
+    beat = heartbeat_format.Beat("2001", 0, 0, 1, "node1", 1, phase, LAST, 40, LAST, 0, (STEP_S,) * 20, START, now - 1, 5.0)
     live = live_view("running", now, (40, LAST), [beat], T0, DEFAULTS)
     assert live["verdict"]["kind"] == kind
     assert f"; {words} " in describe(live) and "looks hung" in describe(live)
@@ -181,12 +181,12 @@ def test_ended_run_is_unchanged(tmp_path):
 
 
 def in_job_record(reason: str = "next OOM-ladder rung", **changes) -> dict:
-    """An in-job decision as the watcher records it (hpc_agent.in_job, from the job's journal line)."""
-    decision = in_job.InJobDecision(seq=1, job_id="2001", attempt=0, step=37, cause="gpu_oom",
-                                    action=in_job.ACTION, patch={"train.micro_batch_size": 4},
-                                    rollback_to_step=None, evidence=("CUDA out of memory",), at=LAST - 3,
-                                    budget_left=1, reason=reason,
-                                    before={"train.micro_batch_size": 8})
+    """An in-job decision as the watcher records it (hpc_agent.core.in_job_journal, from the job's journal line)."""
+    decision = in_job_journal.InJobDecision(seq=1, job_id="2001", attempt=0, step=37, cause="gpu_oom",
+                                            action=in_job_journal.ACTION, patch={"train.micro_batch_size": 4},
+                                            rollback_to_step=None, evidence=("CUDA out of memory",), at=LAST - 3,
+                                            budget_left=1, reason=reason,
+                                            before={"train.micro_batch_size": 8})
     return dict(audit_record(decision), run_id=RUN_ID, time="2026-01-01T00:05:00", **changes)
 
 
@@ -216,9 +216,9 @@ def test_in_job_decisions_are_marked(root, capsys):
 def adaptation_record(reason: str, step: int, seq: int = 2) -> dict:
     """An adaptation of the LR schedule as the watcher records it from the job's journal line: the same
     encode/parse/audit path as ``launch.recovery.InJobRecovery.record_adaptation``'s line."""
-    line = in_job.encode(in_job.InJobDecision(seq, "2001", 0, step, in_job.ADAPT_CAUSE, in_job.ADAPT_ACTION, {}, None,
-                                              ('[30, 2.5]', '[40, 2.49]'), LAST - 2, 2, reason))
-    (decision,), problems = in_job.parse(line)
+    line = in_job_journal.encode(in_job_journal.InJobDecision(seq, "2001", 0, step, in_job_journal.ADAPT_CAUSE, in_job_journal.ADAPT_ACTION, {}, None,
+                                                              ('[30, 2.5]', '[40, 2.49]'), LAST - 2, 2, reason))
+    (decision,), problems = in_job_journal.parse(line)
     assert problems == []
     return dict(audit_record(decision), run_id=RUN_ID, time="2026-01-01T00:05:00")
 
@@ -275,7 +275,7 @@ def test_in_job_decisions_from_events_alone(tmp_path):
 def test_hung_is_a_cause_like_any_other(root):
     run_dir = make_live_run(root)
     verdict = {"kind": "step", "silent_s": 250.0, "limit_s": 120.0, "step": 40, "ranks": [0], "reason": "r"}
-    events = [  # as the watcher writes them (hpc_agent.follow_hang): two notices, then the decision
+    events = [  # as the watcher writes them (hpc_agent.watcher.follow_hang): two notices, then the decision
         {"job_id": "2001", "attempt": 1, "action": "hang_suspected", "cause": "hung", "verdict": verdict},
         {"job_id": "2001", "attempt": 1, "action": "hang_cleared", "cause": "hung", "verdict": verdict},
     ]
@@ -314,10 +314,10 @@ def test_diagnose_of_a_running_job_says_what_review_says(tmp_path, capsys, monke
     (run_dir / "tb").mkdir(parents=True)
     write_run_config(run_dir, build_config([{"train": {"max_steps": 100}}]))
     _write_attempt(run_dir / "tb", 0, list(range(1, 41)), now - 300, STEP_S)  # step 40 at now - 260
-    beat = heartbeat.Beat("102", 0, 0, 1, "node1", 7, "training", now - 600, 40, now - 260, 0, (STEP_S,) * 20,
-                          now - 600, now - 2, 5.0)
+    beat = heartbeat_format.Beat("102", 0, 0, 1, "node1", 7, "training", now - 600, 40, now - 260, 0, (STEP_S,) * 20,
+                                 now - 600, now - 2, 5.0)
     rundir.heartbeat_path(run_dir, 0).parent.mkdir()
-    rundir.heartbeat_path(run_dir, 0).write_bytes(heartbeat.encode(beat))
+    rundir.heartbeat_path(run_dir, 0).write_bytes(heartbeat_format.encode(beat))
     start = datetime.fromtimestamp(now - 610).strftime("%Y-%m-%dT%H:%M:%S")
     sacct = tmp_path / "sacct.txt"
     sacct.write_text("JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed\n"
@@ -334,7 +334,7 @@ def test_diagnose_of_a_running_job_says_what_review_says(tmp_path, capsys, monke
 
 
 def test_plot_is_reproducible_and_job_text_cannot_escape(root, tmp_path):
-    from hpc_agent.review_plot import plot_runs
+    from hpc_agent.runs.plot import plot_runs
 
     run_dir = make_live_run(root)
     write_beat(run_dir, step=40, step_at=LAST, written_at=LAST + 250)

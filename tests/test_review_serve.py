@@ -10,8 +10,7 @@ import urllib.request
 import pytest
 
 from hpc_agent.review import free_port, main
-from hpc_agent.review_serve import (COOKIE, TOKEN_ENV, authorized, bind_problem, given_token, is_loopback,
-                                    without_token)
+from hpc_agent.runs.serve import COOKIE, TOKEN_ENV, authorized, bind_problem, given_token, is_loopback, without_token
 
 TOKEN = "s3cret-token-0123456789"
 

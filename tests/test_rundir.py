@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent import rundir
 from hpc_agent.config.load import build_config, to_yaml
-from hpc_agent.observe import read_files, scalars_for
+from hpc_agent.core import rundir
+from hpc_agent.watcher.observe import read_files, scalars_for
 
 
 def test_fifo_is_refused_without_blocking(tmp_path):

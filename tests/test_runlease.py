@@ -1,4 +1,4 @@
-"""The run-directory lease (hpc_agent/runlease.py): the rules as a table, the NFS-safe file handling,
+"""The run-directory lease (hpc_agent/core/runlease.py): the rules as a table, the NFS-safe file handling,
 concurrent takers, and the exit code / cause / policy wiring of a refusal."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.lease_rules import (REFUSE, TAKE, TAKEOVER, WAIT, Holder, LeaseWaitCancelled, RunDirBusy, job_identity,
-                                   judge, me_from_env, settings_from_env, stale_after_s)
-from hpc_agent.nfs_files import publish_exclusive
-from hpc_agent.runlease import RunLease, move_aside_if, read_holder
+from hpc_agent.core.lease_rules import (REFUSE, TAKE, TAKEOVER, WAIT, Holder, LeaseWaitCancelled, RunDirBusy,
+                                        job_identity, judge, me_from_env, settings_from_env, stale_after_s)
+from hpc_agent.core.nfs_files import publish_exclusive
+from hpc_agent.core.runlease import RunLease, move_aside_if, read_holder
 
 NOW = 1_000_000.0
 
@@ -349,11 +349,11 @@ def test_concurrent_takers_only_one_wins(tmp_path, no_flock):
 # --- exit code, cause, policy --------------------------------------------------------------------------------
 def test_refusal_is_exit_73_cause_run_dir_busy_and_the_watcher_stops():
     from hpc_agent.config.schema import Config
-    from hpc_agent.diagnosis.causes import ADVICE, SUMMARY, Cause
-    from hpc_agent.diagnosis.exit_codes import EXIT_CODES, EXIT_RUN_DIR_BUSY, NAMES, announced_exit_code
+    from hpc_agent.core.causes import ADVICE, SUMMARY, Cause
+    from hpc_agent.core.exit_codes import EXIT_CODES, EXIT_RUN_DIR_BUSY, NAMES, announced_exit_code
     from hpc_agent.diagnosis.logscan import scan_logs
-    from hpc_agent.policy import STOP, decide
-    from hpc_agent.rundir import LogText
+    from hpc_agent.policy.decide import STOP, decide
+    from hpc_agent.core.rundir import LogText
 
     assert EXIT_RUN_DIR_BUSY == 73
     assert NAMES[73] == "run_dir_busy"

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from hpc_agent.diagnosis.exit_codes import EXIT_RUN_DIR_BUSY
-from hpc_agent.rundir import lease_path
+from hpc_agent.core.exit_codes import EXIT_RUN_DIR_BUSY
+from hpc_agent.core.rundir import lease_path
 from tests.conftest import run_cli
 from tests.slurm_helpers import LONG_RUN, SLURM, attempts, cleanup_jobs, last_step, log_text, states, submit, wait_for
 
@@ -35,9 +35,9 @@ def test_second_attempt_on_a_live_run_dir_refuses_to_train(tmp_path, monkeypatch
 
         # Job B: a second attempt for the same run directory, outside the ledger (what a stray sbatch, or a
         # resubmission racing a requeue, looks like to the job): same executor, script and training call.
-        from hpc_agent.job import TrainingJob
-        from hpc_agent.launcher import make_executor
-        from hpc_agent.rundir import config_path, slurm_dir
+        from launch.job import TrainingJob
+        from hpc_agent.jobs.executor import make_executor
+        from hpc_agent.core.rundir import config_path, slurm_dir
         from hpc_agent.config.load import load_run_config
 
         executor = make_executor("slurm", slurm_dir(run_dir), load_run_config(run_dir), run_dir.name, run_dir,

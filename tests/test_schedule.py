@@ -1,9 +1,9 @@
-"""launch.schedule: linear warmup then cosine to lr * min_lr_ratio (pure, table-driven)."""
+"""launch.lr_schedule: linear warmup then cosine to lr * min_lr_ratio (pure, table-driven)."""
 import math
 
 import pytest
 
-from launch.schedule import lr_at, lr_factor
+from launch.lr_schedule import lr_at, lr_factor
 
 # (step, warmup, total, min_ratio, expected factor)
 CASES = [

@@ -70,7 +70,8 @@ def test_argv_pairs_with_the_parser():
 
 def test_doctor_and_preflight_parse_sinfo_with_this_module_only():
     """One home for sinfo's formats: doctor and preflight call this module's parsers (no copy, no alias)."""
-    from hpc_agent import doctor, preflight
+    from hpc_agent import doctor
+    from hpc_agent.policy import preflight
 
     assert doctor.parse_partitions is sinfo.parse_partitions
     assert preflight.gpu_gib_from_gres is sinfo.gpu_gib_from_gres

@@ -17,13 +17,13 @@ import pytest
 
 from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
 from hpc_agent.slurm.queries import jobs_named, queue_state
-from hpc_agent.observe import json_verdict
 from hpc_agent.slurm.sacct import SACCT_FIELDS, WATCH_FIELDS, group_attempts, parse_sacct
 from hpc_agent.slurm.sacct_json import parse_sacct_json
+from hpc_agent.watcher.observe import json_verdict
 from tests.conftest import slurm_ready
-from tests.slurm_helpers import settle_cluster
 from tests.helpers.fake_slurm import FakeSlurm
 from tests.slurm_contract import TS, FakeCluster, RealCluster, check_row_formats, step
+from tests.slurm_helpers import settle_cluster
 
 DATA = Path(__file__).resolve().parent / "data" / "contract"
 # keeps_jobs: the job preempted at the start stays in the queue across this module's tests.
@@ -243,13 +243,13 @@ def test_sbatch_rejects_an_unknown_partition(c):
     assert result.returncode == 1 and "invalid partition specified: nosuchpartition" in result.stderr
 
 
-# --- sacct --json (what the watcher reads where it is faithful: hpc_agent/observe.py SacctSource) -----------
+# --- sacct --json (what the watcher reads where it is faithful: hpc_agent/watcher/observe.py SacctSource) -----------
 def test_sacct_json_lists_what_text_lists_except_22_05_exit_codes(c):
     job = running(c, "json")
     c.order(job, "3")
     c.wait_states(job, ["FAILED"])
     name = c.unique_name("json")
-    # slurmdbd shows the placeholder name "allocation" until a moment after the job ends (hpc_agent/job_match.py)
+    # slurmdbd shows the placeholder name "allocation" until a moment after the job ends (hpc_agent/slurm/job_match.py)
     c.wait(lambda: parse_sacct(c.client.sacct([job], fields=WATCH_FIELDS))[0].get("JobName") == name, 30,
            "the job's own name in accounting")
     text_rows = parse_sacct(c.client.sacct([job], fields=WATCH_FIELDS))
@@ -264,7 +264,7 @@ def test_sacct_json_lists_what_text_lists_except_22_05_exit_codes(c):
     probe = c.client.sacct_probe()
     assert json_verdict(probe.returncode, probe.stdout) == (
         False, "Slurm 22.05's sacct --json drops exit codes: reading text (job names are checked against the "
-               "run's, see hpc_agent/job_match.py)")
+               "run's, see hpc_agent/slurm/job_match.py)")
     assert parse_sacct_json(c.client.sacct([job], as_json=True))[0].base_id == job
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from helpers.common import expect, losses, run_ranks, snapshot, start, wait_for_snapshot
-from hpc_agent.checkpoints import (MARKER, Candidate, problem, retention, scan, select, snap_tag_for, step_of,
-                                   tag_for)
+from hpc_agent.core.checkpoint_format import (MARKER, Candidate, problem, retention, scan, select, snap_tag_for,
+                                              step_of, tag_for)
 
 FILES = {"mp_rank_00_model_states.pt": 10}
 

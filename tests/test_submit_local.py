@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpc_agent.ledger import Ledger
+from hpc_agent.state.ledger import Ledger
 from tests.conftest import run_cli
 
 NO_SLURM_PATH = os.path.dirname(sys.executable)  # python only: no sbatch anywhere on PATH

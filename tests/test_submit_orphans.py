@@ -13,11 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_agent import submission, submit
+from hpc_agent import submit
 from hpc_agent.config.load import load_config, write_run_config
-from hpc_agent.ledger import Ledger
-from hpc_agent.lifecycle import FOLLOWED, Action, Event, EventKind, Phase
-from hpc_agent.rundir import read_run_json
+from hpc_agent.core.rundir import read_run_json
+from hpc_agent.jobs import submission
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.state.lifecycle import FOLLOWED, Action, Event, EventKind, Phase
 
 
 class FakeExecutor:
@@ -147,7 +148,7 @@ def test_run_json_is_read_as_untrusted(tmp_path):
 def test_the_submit_action_is_audited_with_who_and_why(tmp_path, executor):
     import getpass
 
-    from hpc_agent.journal import Journal
+    from hpc_agent.state.journal import Journal
 
     assert run_submit(tmp_path) == 0
     run, _ = the_run(tmp_path)

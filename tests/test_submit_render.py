@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hpc_agent.config.load import load_config
-from hpc_agent.job_match import job_name_for, run_id_from_job_name
-from hpc_agent.launcher import load_template, render_job_script, slurm_parameters
+from hpc_agent.jobs.executor import load_template, render_job_script, slurm_parameters
+from hpc_agent.slurm.job_match import job_name_for, run_id_from_job_name
 from hpc_agent.slurm.timelimit import slurm_time_to_minutes
 from tests.conftest import run_cli
 

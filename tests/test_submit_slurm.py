@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.job_match import job_name_for
 from hpc_agent.slurm.cli import SlurmCLI
+from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.slurm.sacct import parse_parsable2
 from tests.conftest import run_cli
 
@@ -41,8 +41,9 @@ def test_quickstart_completes_as_srun_step(tmp_path):
 def test_an_error_after_sbatch_leaves_the_real_job_followed(tmp_path, monkeypatch, capsys):
     """run.json cannot be written after sbatch succeeded: the job is in Slurm, the ledger has its id, the run
     stays pending (followed by watch), and the user is told so (tests/test_submit_orphans.py: every other case)."""
-    from hpc_agent import submission, submit
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.jobs import submission
+    from hpc_agent import submit
+    from hpc_agent.state.ledger import Ledger
     from tests.slurm_helpers import cleanup_jobs
 
     def broken(*args, **kwargs):

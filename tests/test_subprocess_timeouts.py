@@ -148,9 +148,9 @@ def test_the_timeout_leaves_the_watcher_time_to_settle_the_intent():
 
 
 def test_a_timed_out_sbatch_leaves_the_intent_open(tmp_path, monkeypatch):
-    from hpc_agent import submission
+    from hpc_agent.jobs import submission
     from hpc_agent.config.load import build_config
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
     from hpc_agent.slurm.submitit_timeout import SbatchTimedOut
 
     class Hung:
@@ -180,6 +180,6 @@ def test_the_copied_submitit_methods_still_match_submitit():
 
 
 def test_launcher_and_sweep_use_the_bounded_executor():
-    for rel in ("hpc_agent/launcher.py", "hpc_agent/sweep/batch.py"):
+    for rel in ("hpc_agent/jobs/executor.py", "hpc_agent/sweep/batch.py"):
         text = (REPO / rel).read_text()
         assert "TimedSlurmExecutor(" in text and "submitit.SlurmExecutor(" not in text, rel

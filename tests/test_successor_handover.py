@@ -1,5 +1,5 @@
 """resilience.successor_on_preempt: the job script's hand-over to a successor job at a preemption
-(hpc_agent/handback.py), and the watcher's side of it: the marker read as untrusted, the pure core's
+(hpc_agent/core/handback.py), and the watcher's side of it: the marker read as untrusted, the pure core's
 decision (tests/test_follow.py's style), and the adopt effect run twice after a crash. The real cluster
 runs it end to end in tests/test_successor_slurm.py."""
 from __future__ import annotations
@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from hpc_agent import handback
-from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
-from hpc_agent.follow_model import Observation, RunState
-from hpc_agent.follow import follow
-from hpc_agent.follow_model import ADOPT, CANCEL
-from hpc_agent.lifecycle import Phase
+from hpc_agent.core import handback
+from hpc_agent.core.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
+from hpc_agent.watcher.follow_model import Observation, RunState
+from hpc_agent.watcher.follow import follow
+from hpc_agent.watcher.follow_model import ADOPT, CANCEL
+from hpc_agent.state.lifecycle import Phase
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from tests.test_watcher import world  # noqa: F401 (the fixture)
 
@@ -147,9 +147,9 @@ def test_the_watcher_adopts_the_successor_once_and_cancels_the_held_job(world): 
     """Through tick() on the canonical FakeSlurm: the job is requeued by its preemption and has named its
     successor; the watcher follows the successor, cancels the old job, and says so in events.jsonl. A second
     run of the adopt effect (a crash before the journal marked it done) adds nothing."""
-    from hpc_agent import effects
-    from hpc_agent.journal import EffectRow
-    from hpc_agent.job_match import job_name_for
+    from hpc_agent.watcher import effects
+    from hpc_agent.state.journal import EffectRow
+    from hpc_agent.slurm.job_match import job_name_for
     from tests.test_watcher import add_run
 
     slurm, ledger, watcher = world["slurm"], world["ledger"], world["watcher"]

@@ -1,5 +1,5 @@
 """resilience.successor_on_preempt on the localhost cluster: at a preemption the job hands over to a successor
-job (hpc_agent/handback.py), which Slurm starts in the same scheduling pass as the preempting job, and the
+job (hpc_agent/core/handback.py), which Slurm starts in the same scheduling pass as the preempting job, and the
 watcher follows the successor and cancels the held old job. The run must complete with every step exactly
 once, resumed from the signal's checkpoint on the other node, with no process of the preempted attempt left.
 """
@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from hpc_agent import handback
 from hpc_agent.config.load import load_run_config
+from hpc_agent.core import handback
 from hpc_agent.diagnose import read_tb_scalars
-from hpc_agent.ledger import Ledger
-from launch.schedule import lr_at
+from hpc_agent.state.ledger import Ledger
+from launch.lr_schedule import lr_at
 from tests.slurm_helpers import (LONG_RUN, WatcherProcess, cleanup_jobs, first_attempt_pids, job_nodes, log_text,
                                  preempt_after_step_20, states, submit, wait_for)
 

@@ -13,12 +13,12 @@ import pytest
 
 from hpc_agent.config.load import load_config
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.ledger import LEDGER_FILE, Ledger
 from hpc_agent.metrics.tb_reader import Point
-from hpc_agent.review_sweep import summarize, trial_row
+from hpc_agent.state.ledger import LEDGER_FILE, Ledger
 from hpc_agent.sweep.batch import TrialJob, array_name, array_setup, task_job_id
 from hpc_agent.sweep.driver import A_BATCH, A_JOB, A_PRUNED, SweepDriver, new_reports, objective_value, trial_outcome
 from hpc_agent.sweep.spec import best_so_far, distribution, format_value, make_pruner, parse_spec, trial_overrides
+from hpc_agent.sweep.trials_table import summarize, trial_row
 from tests.conftest import REPO, run_cli
 from tests.helpers.fake_slurm import FakeSlurm
 
@@ -350,7 +350,7 @@ def test_sweep_cli_imports_no_torch_and_review_of_runs_no_optuna(tmp_path):
     Ledger.in_runs_root(tmp_path)
     proc = run_cli("-X", "importtime", "-m", "hpc_agent.review", str(tmp_path))
     modules = [line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
-    assert "hpc_agent.review_sweep" in modules and not [m for m in modules if m.startswith("optuna")]
+    assert "hpc_agent.sweep.trials_table" in modules and not [m for m in modules if m.startswith("optuna")]
 
 
 def test_diagnose_finds_a_trial_run_through_the_ledger(tmp_path):
@@ -433,7 +433,7 @@ def test_sweep_json_is_published_only_once_its_study_exists(tmp_path, monkeypatc
     import argparse
 
     import hpc_agent.sweep.__main__ as sweep_main
-    from hpc_agent.review_sweep import SWEEP_FILE, load_rows
+    from hpc_agent.sweep.trials_table import SWEEP_FILE, load_rows
 
     spec = parse_spec(dict(BASE, name="s", seed=0))
     args = argparse.Namespace(config="quickstart", overrides=["train.max_steps=100"])

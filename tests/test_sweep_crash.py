@@ -14,13 +14,13 @@ import optuna
 import pytest
 from submitit.core.utils import DelayedSubmission, JobPaths
 
-from hpc_agent.job import TrainingJob
-from hpc_agent.ledger import Ledger
 from hpc_agent.slurm.cli import SlurmError
+from hpc_agent.state.ledger import Ledger
 from hpc_agent.sweep.adopt import complete_params
 from hpc_agent.sweep.batch import array_name, array_parameters, release_array, restore_pickles
 from hpc_agent.sweep.driver import A_BATCH, A_JOB
 from hpc_agent.sweep.spec import distributions
+from launch.job import TrainingJob
 from tests.conftest import REPO
 from tests.helpers.fake_slurm import FakeSlurm
 from tests.test_sweep import make_driver
@@ -143,7 +143,7 @@ def test_release_is_idempotent_but_a_refusal_is_an_error():
 def test_a_ledger_transaction_killed_half_way_leaves_nothing(tmp_path):
     path = tmp_path / "ledger.sqlite"
     Ledger(path).add_run("r1", "r", "d")
-    code = (f"import os, signal\nfrom hpc_agent.ledger import Ledger\nledger = Ledger({str(path)!r})\n"
+    code = (f"import os, signal\nfrom hpc_agent.state.ledger import Ledger\nledger = Ledger({str(path)!r})\n"
             "with ledger.transaction():\n    ledger.record_intent('r1', 'slurm', 'c.yaml', reason='x')\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO))
@@ -269,7 +269,7 @@ def test_restore_pickles_never_executes_a_planted_pickle_and_still_restores(tmp_
     # Newer than the genuine one, named like submitit's temporary pickles, and naming the run dir (and
     # even our classes): what a job that can write the folder could plant. Never executed, never chosen.
     planted = {
-        "b" * 32 + ".pkl": pickle.dumps((_Canary(canary), str(run_dir), "hpc_agent.job", "TrainingJob")),
+        "b" * 32 + ".pkl": pickle.dumps((_Canary(canary), str(run_dir), "launch.job", "TrainingJob")),
         "c" * 32 + ".pkl": pickle.dumps((DelayedSubmission(TrainingJob(run_dir, run_dir / "config.yaml")),
                                          _Canary(canary))),
         "d" * 32 + ".pkl": pickle.dumps(_Canary(canary))[:-3],  # torn

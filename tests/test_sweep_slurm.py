@@ -14,12 +14,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from hpc_agent.ledger import Ledger
 from hpc_agent.metrics.tb_reader import RunScalars
+from hpc_agent.state.ledger import Ledger
 from hpc_agent.sweep.driver import objective_value
 from tests.conftest import REPO, run_cli
-from tests.slurm_helpers import (SLURM, WatcherProcess, attempts, log_text, preempt_all_nodes, queue_and_nodes,
-                                 wait_for)
+from tests.slurm_helpers import SLURM, WatcherProcess, attempts, log_text, preempt_all_nodes, queue_and_nodes, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent import checkpoints, rundir
+from hpc_agent.core import checkpoint_format, rundir
 from hpc_agent.metrics.tb_reader import RunScalars
 from tests.test_review import _write_attempt
 
@@ -23,10 +23,10 @@ def outside(tmp_path):
     out = tmp_path / "outside"
     (out / "tb").mkdir(parents=True)
     _write_attempt(out / "tb", 7, OUTSIDE_STEPS, time.time() - 900, 1.0)
-    ck = out / "ckpt" / checkpoints.tag_for(40)
+    ck = out / "ckpt" / checkpoint_format.tag_for(40)
     ck.mkdir(parents=True)
     (ck / "mp_rank_00_model_states.pt").write_bytes(b"w" * 10)
-    (ck / checkpoints.MARKER).write_text(json.dumps({"step": 40, "files": {"mp_rank_00_model_states.pt": 10}}))
+    (ck / checkpoint_format.MARKER).write_text(json.dumps({"step": 40, "files": {"mp_rank_00_model_states.pt": 10}}))
     (out / "secret.log").write_text("[hpc_agent] step 3 loss 2.5\nsecret\n")
     return out
 
@@ -76,7 +76,7 @@ def test_diagnose_tb_reader_does_not_follow_links(run_dir, outside):
 
 
 def test_review_notes_links_and_skips_linked_run_dirs(run_dir, outside):
-    from hpc_agent.runreview import find_runs, review_run
+    from hpc_agent.runs.history import find_runs, review_run
 
     [event] = list((outside / "tb").iterdir())
     (run_dir / "tb" / event.name).symlink_to(event)
@@ -93,20 +93,20 @@ def test_review_notes_links_and_skips_linked_run_dirs(run_dir, outside):
 
 # --- checkpoints (the job's resume, the watcher's rollback, retention) ---------------------------------------
 def _complete(root: Path, step: int) -> None:
-    ck = root / checkpoints.tag_for(step)
+    ck = root / checkpoint_format.tag_for(step)
     ck.mkdir(parents=True)
     (ck / "mp_rank_00_model_states.pt").write_bytes(b"m" * 5)
-    (ck / checkpoints.MARKER).write_text(json.dumps({"step": step, "files": {"mp_rank_00_model_states.pt": 5}}))
+    (ck / checkpoint_format.MARKER).write_text(json.dumps({"step": step, "files": {"mp_rank_00_model_states.pt": 5}}))
 
 
 def test_a_linked_checkpoint_folder_is_skipped_with_the_reason(run_dir, outside):
     root = run_dir / "checkpoints"
     _complete(root, 20)
-    (root / checkpoints.tag_for(40)).symlink_to(outside / "ckpt" / checkpoints.tag_for(40))
-    selection = checkpoints.select(checkpoints.scan(root))
+    (root / checkpoint_format.tag_for(40)).symlink_to(outside / "ckpt" / checkpoint_format.tag_for(40))
+    selection = checkpoint_format.select(checkpoint_format.scan(root))
     assert selection.chosen.step == 20
     assert "symbolic link" in selection.skipped[0][1]
-    assert checkpoints.complete_steps(run_dir) == [20]
+    assert checkpoint_format.complete_steps(run_dir) == [20]
     assert any("skipping checkpoint step_00000040" in line for line in selection.lines())
 
 
@@ -114,29 +114,29 @@ def test_a_linked_shard_or_marker_makes_a_checkpoint_unusable(run_dir, outside):
     root = run_dir / "checkpoints"
     _complete(root, 10)
     _complete(root, 30)
-    shard = root / checkpoints.tag_for(30) / "mp_rank_00_model_states.pt"
+    shard = root / checkpoint_format.tag_for(30) / "mp_rank_00_model_states.pt"
     shard.unlink()
-    shard.symlink_to(outside / "ckpt" / checkpoints.tag_for(40) / "mp_rank_00_model_states.pt")
+    shard.symlink_to(outside / "ckpt" / checkpoint_format.tag_for(40) / "mp_rank_00_model_states.pt")
     _complete(root, 50)
-    marker = root / checkpoints.tag_for(50) / checkpoints.MARKER
+    marker = root / checkpoint_format.tag_for(50) / checkpoint_format.MARKER
     marker.unlink()
-    marker.symlink_to(outside / "ckpt" / checkpoints.tag_for(40) / checkpoints.MARKER)
-    selection = checkpoints.select(checkpoints.scan(root))
+    marker.symlink_to(outside / "ckpt" / checkpoint_format.tag_for(40) / checkpoint_format.MARKER)
+    selection = checkpoint_format.select(checkpoint_format.scan(root))
     assert selection.chosen.step == 10
     reasons = dict(selection.skipped)
-    assert "symbolic link" in reasons[checkpoints.tag_for(30)]
-    assert "symbolic link" in reasons[checkpoints.tag_for(50)]
+    assert "symbolic link" in reasons[checkpoint_format.tag_for(30)]
+    assert "symbolic link" in reasons[checkpoint_format.tag_for(50)]
 
 
 def test_a_linked_checkpoints_root_is_refused(run_dir, outside):
     (run_dir / "checkpoints").symlink_to(outside / "ckpt", target_is_directory=True)
     with pytest.raises(rundir.UnsafeFile, match="symbolic link"):
-        checkpoints.scan(run_dir / "checkpoints")
+        checkpoint_format.scan(run_dir / "checkpoints")
     with pytest.raises(rundir.UnsafeFile):
-        checkpoints.complete_steps(run_dir)
+        checkpoint_format.complete_steps(run_dir)
     with pytest.raises(rundir.UnsafeFile):
-        checkpoints.set_aside_after(run_dir, 0, None)
-    assert (outside / "ckpt" / checkpoints.tag_for(40) / checkpoints.MARKER).exists()
+        checkpoint_format.set_aside_after(run_dir, 0, None)
+    assert (outside / "ckpt" / checkpoint_format.tag_for(40) / checkpoint_format.MARKER).exists()
 
 
 def test_retention_never_deletes_through_a_link(run_dir, outside):
@@ -145,10 +145,10 @@ def test_retention_never_deletes_through_a_link(run_dir, outside):
     root = run_dir / "checkpoints"
     _complete(root, 10)
     _complete(root, 50)
-    (root / checkpoints.tag_for(40)).symlink_to(outside / "ckpt" / checkpoints.tag_for(40))
+    (root / checkpoint_format.tag_for(40)).symlink_to(outside / "ckpt" / checkpoint_format.tag_for(40))
     apply_retention(root, keep=1)
-    target = outside / "ckpt" / checkpoints.tag_for(40)
-    assert (target / checkpoints.MARKER).exists() and (target / "mp_rank_00_model_states.pt").exists()
+    target = outside / "ckpt" / checkpoint_format.tag_for(40)
+    assert (target / checkpoint_format.MARKER).exists() and (target / "mp_rank_00_model_states.pt").exists()
 
 
 # --- logs (diagnose, the watcher's evidence) --------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_a_linked_slurm_folder_is_not_searched(run_dir, outside):
 
 def test_diagnose_refuses_a_linked_log_with_exit_2(run_dir, outside, capsys):
     from hpc_agent import diagnose
-    from hpc_agent.job_match import job_name_for
+    from hpc_agent.slurm.job_match import job_name_for
 
     (run_dir / "slurm").mkdir()
     (run_dir / "slurm" / "7_0_log.out").symlink_to(outside / "secret.log")

@@ -267,7 +267,7 @@ def test_watcher_and_diagnose_judge_the_same_points(tmp_path):
     """Attempt 0 went NaN after step 450 and wrote no purge marker on resume; attempt 1 resumed from its
     step-400 checkpoint and is healthy so far. The per-step series still holds attempt 0's NaN past
     attempt 1's last step; the alarms must judge the newest attempt's own points, and the watcher's
-    inputs (hpc_agent.observe) and diagnose's must be one and the same."""
+    inputs (hpc_agent.watcher.observe) and diagnose's must be one and the same."""
     import math
 
     from hpc_agent.diagnosis.alarms import fatal_alarms, run_alarms

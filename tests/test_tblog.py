@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from hpc_agent.core.rundir import tb_dir
 from hpc_agent.metrics.tb_reader import RunScalars
-from hpc_agent.rundir import tb_dir
 from launch.tblog import TBLog
 
 VALUES = {"train/loss": 2.5, "train/lr": 1e-3, "train/grad_norm": None, "perf/step_time_s": 0.11}
@@ -93,7 +93,7 @@ def test_a_step_is_queued_as_numbers_and_keeps_its_own_wall_time_when_encoded_la
 def test_a_rollback_makes_tensorboard_drop_the_steps_logged_past_it(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from hpc_agent.rundir import tb_dir
+    from hpc_agent.core.rundir import tb_dir
 
     tb = TBLog(tmp_path, 0, 0, "cfg", flush_every_s=3600.0)
     for step in (1, 2, 3, 4):
@@ -111,8 +111,8 @@ def test_a_rollback_makes_tensorboard_drop_the_steps_logged_past_it(tmp_path):
 def test_the_event_file_is_made_without_following_links_in_the_run_directory_mode(tmp_path):
     import stat
 
-    from hpc_agent.filemodes import file_mode_in
-    from hpc_agent.rundir import tb_dir
+    from hpc_agent.core.filemodes import file_mode_in
+    from hpc_agent.core.rundir import tb_dir
 
     tb = TBLog(tmp_path, 0, 0, "cfg")
     path = tb.file.path

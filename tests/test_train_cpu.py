@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from helpers.common import expect, losses, run, run_ranks, snapshot, start, tb_scalars
-from hpc_agent.checkpoints import MARKER, scan, select, tag_for
-from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG, EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE
+from hpc_agent.core.checkpoint_format import MARKER, scan, select, tag_for
+from hpc_agent.core.exit_codes import EXIT_CONFIG, EXIT_SIGNALLED_AFTER_CHECKPOINT, EXIT_UNAVAILABLE
 from launch.distributed import free_port
 
 

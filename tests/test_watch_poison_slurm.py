@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.journal import Journal
-from hpc_agent.ledger import Ledger
 from hpc_agent.metrics.tb_reader import EVENT_GLOB, file_order_key
-from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, attempts, cleanup_jobs, events, job_nodes,
-                                 last_step, ledger_job_ids, log_text, states, submit, wait_for)
+from hpc_agent.state.journal import Journal
+from hpc_agent.state.ledger import Ledger
+from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, attempts, cleanup_jobs, events, job_nodes, last_step,
+                                 ledger_job_ids, log_text, states, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -95,8 +95,8 @@ def _would_be_resubmitted(job: str, config_text: str) -> str:
     """What the policy decides for A's end with its unpoisoned config (the logs are unreadable: none)."""
     from hpc_agent.config.load import load_snapshot_text
     from hpc_agent.diagnosis.classify import classify_job
-    from hpc_agent.follow import situation_from
-    from hpc_agent.policy import PolicyLimits, decide
+    from hpc_agent.watcher.follow import situation_from
+    from hpc_agent.policy.decide import PolicyLimits, decide
 
     diagnoses = classify_job(attempts(job), (), (), job_id=job)
     decision = decide(diagnoses[-1].cause, (), load_snapshot_text(config_text), situation_from(diagnoses),

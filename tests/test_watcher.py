@@ -15,10 +15,10 @@ from typing import Dict, List, Tuple
 import pytest
 
 from hpc_agent.config.load import build_config, load_snapshot, write_run_config
-from hpc_agent.job_match import job_name_for
-from hpc_agent.ledger import Ledger
-from hpc_agent.submission import record_job
-from hpc_agent.watcher import Watcher
+from hpc_agent.jobs.submission import record_job
+from hpc_agent.slurm.job_match import job_name_for
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.watcher.loop import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
 
 OOM_LOG = """[rank 0/1] host=node1 job={job} local_rank=0
@@ -145,7 +145,7 @@ def test_gpu_oom_resubmits_with_half_micro_batch_double_accumulation(world):
     (decision,) = world["ledger"].decisions("r")
     assert decision.cause == "gpu_oom" and decision.action == "resubmit"
     (event,) = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
-                if "by" not in e]  # the decision; the resubmit's own action record (hpc_agent.audit) follows it
+                if "by" not in e]  # the decision; the resubmit's own action record (hpc_agent.state.audit) follows it
     assert event["cause"] == "gpu_oom" and event["job_id"] == job
     assert event["config_diff"]["train.micro_batch_size"] == {"from": 8, "to": 4}
     assert any("out of memory" in line.lower() for line in event["evidence"])
@@ -158,10 +158,10 @@ def test_gpu_oom_resubmits_with_half_micro_batch_double_accumulation(world):
     assert len(world["submit"].calls) == 1 and len(slurm.submissions) == 1
     assert world["ledger"].run("r").phase == "running"
     # The new job's first attempt is the run's second: attempt numbers count across resubmissions.
-    from hpc_agent.follow_model import RunState
-    from hpc_agent.lifecycle import Phase
+    from hpc_agent.watcher.follow_model import RunState
+    from hpc_agent.state.lifecycle import Phase
 
-    from hpc_agent.observe import run_state
+    from hpc_agent.watcher.observe import run_state
 
     state = run_state(world["ledger"], world["ledger"].run("r"), RunState("r", Phase.RUNNING, new))
     assert state.attempt_offset + 0 + 1 == 2
@@ -204,7 +204,7 @@ def test_slurm_requeued_preemption_is_expedited_once(world):
     assert slurm.commands == [["scontrol", "update", f"JobId={job}", "StartTime=now"]]
     assert slurm.expedites == [job] and slurm.job(job).begin == slurm.now
     (event,) = [e for e in map(json.loads, (world["root"] / "r" / "events.jsonl").read_text().splitlines())
-                if "by" not in e]  # the decision; the expedite's own action record (hpc_agent.audit) follows it
+                if "by" not in e]  # the decision; the expedite's own action record (hpc_agent.state.audit) follows it
     assert event["action"] == "expedite" and event["attempt"] == 1  # the attempt that ended, counted from 1
     assert world["ledger"].run("r").phase == "pending"
     assert any("expedite" in line for line in world["out"])

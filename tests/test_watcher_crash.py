@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from hpc_agent.config.load import build_config, write_run_config
-from hpc_agent.job_match import job_name_for
-from hpc_agent.journal import Journal
-from hpc_agent.ledger import Ledger
-from hpc_agent.lifecycle import Event, EventKind
-from hpc_agent.submission import CRASH_ENV, crash_point, record_job
-from hpc_agent.watcher import Watcher
+from hpc_agent.jobs.submission import CRASH_ENV, crash_point, record_job
+from hpc_agent.slurm.job_match import job_name_for
+from hpc_agent.state.journal import Journal
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.state.lifecycle import Event, EventKind
+from hpc_agent.watcher.loop import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
 
 OOM_LOG = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "

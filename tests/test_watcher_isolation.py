@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 
-from hpc_agent import rundir
 from hpc_agent.config.load import build_config, write_run_config
-from hpc_agent.job_match import job_name_for
-from hpc_agent.journal import Journal
-from hpc_agent.ledger import Ledger
-from hpc_agent.lifecycle import Event, EventKind
-from hpc_agent.submission import record_job
-from hpc_agent.watcher import Watcher
+from hpc_agent.core import rundir
+from hpc_agent.jobs.submission import record_job
+from hpc_agent.slurm.job_match import job_name_for
+from hpc_agent.state.journal import Journal
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.state.lifecycle import Event, EventKind
+from hpc_agent.watcher.loop import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
 
 PREEMPTION_LOG = "[hpc_agent] signal SIGTERM at step 12: checkpoint step_00000012 complete in 0.0s; exiting 75\n"
@@ -65,7 +65,7 @@ def test_a_poisoned_run_is_parked_and_a_preempted_one_is_still_expedited_on_the_
 
 
 def test_an_exception_in_the_core_parks_only_that_run(tmp_path, monkeypatch):
-    import hpc_agent.watcher as watcher_module
+    import hpc_agent.watcher.loop as watcher_module
 
     root, ledger, slurm, watcher, out = _world(tmp_path)
     _, a_job = _run(root, ledger, slurm, "a", "")

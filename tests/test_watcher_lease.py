@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.journal import LeaseLost, WatcherLease
-from hpc_agent.ledger import Ledger
+from hpc_agent.state.journal import LeaseLost, WatcherLease
+from hpc_agent.state.ledger import Ledger
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """A non-editable install works: the wheel carries the shipped configs and sbatch templates, and submit
 and doctor run from it outside the checkout. Plus the quick checks behind that: pyproject lists every
-package, and hpc_agent.paths finds the shipped files in a checkout and under HPC_AGENT_HOME."""
+package, and hpc_agent.core.paths finds the shipped files in a checkout and under HPC_AGENT_HOME."""
 from __future__ import annotations
 
 import json
@@ -23,7 +23,7 @@ except ImportError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 import hpc_agent
-from hpc_agent import paths
+from hpc_agent.core import paths
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_IN_WHEEL = ["hpc_agent/shipped/configs/base.yaml", "hpc_agent/shipped/configs/quickstart.yaml",
@@ -136,7 +136,7 @@ def test_wheel_install_finds_its_packaged_configs(wheel_venv, outside):
     shown = run([wheel_venv / "bin" / "python", "-c",
                  "import hpc_agent, launch.workloads\n"
                  "from hpc_agent.config.load import resolve_config_path\n"
-                 "from hpc_agent.launcher import load_template\n"
+                 "from hpc_agent.jobs.executor import load_template\n"
                  "print(hpc_agent.__file__); print(resolve_config_path('quickstart')); print(load_template('default'))"],
                 cwd=cwd, env=env)
     assert shown.returncode == 0, shown.stderr
@@ -200,7 +200,7 @@ MARK = "export MY_PROJECT_TEMPLATE=1"
 def project(tmp_path):
     """An empty project folder, and a newcomer's environment: an empty HOME and caches, no ops directory
     named (so the venv's own is used, as for a user), nothing pointing at the checkout."""
-    from hpc_agent.ops_cache import OPS_DIR_ENV
+    from hpc_agent.core.ops_cache import OPS_DIR_ENV
 
     home = tmp_path / "home"
     home.mkdir()

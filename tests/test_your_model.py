@@ -14,8 +14,8 @@ import torch
 
 from helpers.common import expect, run, snapshot
 from hpc_agent.config.load import build_config
-from hpc_agent.diagnosis.exit_codes import EXIT_CONFIG
-from hpc_agent.preflight import SKIP, memory_verdict
+from hpc_agent.core.exit_codes import EXIT_CONFIG
+from hpc_agent.policy.preflight import SKIP, memory_verdict
 from launch.workloads.common import Workload
 from launch.workloads.registry import build_workload
 from launch.workloads.user import WorkloadError
@@ -153,7 +153,7 @@ def test_doc_example_trains_locally_from_its_snapshot_and_resumes(tmp_path):
                                              ({"nan_at_step": 4}, "nan_loss at step 4")])
 def test_in_job_repairs_work_for_your_own_model(tmp_path, faults, repaired):
     """The OOM ladder and the divergence rollback do not care whose model it is."""
-    from hpc_agent.code_snapshot import take, workload_plan
+    from hpc_agent.jobs.code_snapshot import take, workload_plan
 
     write_package(tmp_path / "src")
     run_dir = tmp_path / "run"

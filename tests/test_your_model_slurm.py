@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.code_manifest import hash_tree
+from hpc_agent.core.code_manifest import hash_tree
 from tests.conftest import run_cli
 from tests.helpers.doc_example import write_package
 from tests.slurm_helpers import (SLURM, WatcherProcess, last_step, log_text, preempt_all_nodes, run_phase, states,

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import exit_status
-from hpc_agent.cli_common import add_common_arguments, configure
-from hpc_agent.fsutil import atomic_write_json
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure
+from hpc_agent.core.fsutil import atomic_write_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_status.OK, exit_status.FAILED, exit_status.USAGE
 
@@ -71,12 +71,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def run(config: str, overrides: Sequence[str], schedule, duration: float, runs_root: Optional[str],
         report_json: Optional[str]) -> int:
     from hpc_agent.chaos import inject
-    from hpc_agent.chaos.driver import ChaosDriver, Target, submit_run
+    from hpc_agent.chaos.campaign import ChaosDriver, Target, submit_run
     from hpc_agent.chaos.report import p3, passed, render
-    from hpc_agent.embedded_watch import describe_holder, lease_holder
-    from hpc_agent.ledger import Ledger
-    from hpc_agent.progress import Tracker
-    from hpc_agent.progress_view import make_printer
+    from hpc_agent.watcher.embedded import describe_holder, lease_holder
+    from hpc_agent.state.ledger import Ledger
+    from hpc_agent.runs.progress import Tracker
+    from hpc_agent.runs.progress_view import make_printer
     from hpc_agent.slurm.cli import SlurmCLI
 
     root = Path(runs_root or f"runs/chaos-{time.strftime('%Y%m%d-%H%M%S')}").resolve()

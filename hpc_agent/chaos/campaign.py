@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from hpc_agent import rundir
 from hpc_agent.chaos import inject
-from hpc_agent.chaos.progress import Progress, parse_progress, recovered_segment, steps_lost
+from hpc_agent.chaos.log_segments import Progress, parse_progress, recovered_segment, steps_lost
 from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, ettr, fault_checks,
                                     final_checkpoint_check, time_lost)
 from hpc_agent.chaos.schedule import (CTLD_RESTART, INTERRUPTING, KILL_DURING_SAVE, NODE_FAIL, PREEMPT, RUNTIME_KINDS,
                                       WATCHER_KILL, Fault)
 from hpc_agent.config.load import load_run_config
+from hpc_agent.core import rundir
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
 STALL_S = 30.0  # a target whose last logged step has not moved for this long is not training
@@ -57,7 +57,7 @@ class Target:
         return parse_progress(p.read_text(errors="replace") for _, p in sorted(logs))
 
     def events(self) -> List[Dict]:
-        from hpc_agent.runreview import read_events
+        from hpc_agent.runs.history import read_events
 
         return read_events(self.run_dir)
 
@@ -229,7 +229,7 @@ class ChaosDriver:
         return _Open(rec, t, before, time.time(), len(t.events()))
 
     def _host_oom_mb(self, t: Target) -> int:
-        from hpc_agent.policy import parse_mem_mb
+        from hpc_agent.policy.decide import parse_mem_mb
 
         return int((parse_mem_mb(t.config().slurm.mem) or 2048) * 1.5)
 
@@ -278,7 +278,7 @@ class ChaosDriver:
 
     def _attempt_ends(self, t: Target) -> List[float]:
         """sacct's End of every attempt of the target's jobs (epoch seconds); [] if sacct cannot say."""
-        from hpc_agent.observe import attempt_end
+        from hpc_agent.watcher.observe import attempt_end
         from hpc_agent.slurm.sacct import SacctFormatError, group_attempts, parse_sacct
 
         try:
@@ -319,8 +319,8 @@ class ChaosDriver:
     # --- the end --------------------------------------------------------------------------------------
     def _summary(self, t: Target, stopped_at: float) -> TargetSummary:
         from hpc_agent.metrics.tb_reader import RunScalars
-        from hpc_agent.runreview import STEP_TIME
-        from hpc_agent import checkpoints as checkpoint
+        from hpc_agent.runs.history import STEP_TIME
+        from hpc_agent.core import checkpoint_format as checkpoint
 
         max_steps = t.config().train.max_steps
         start = _created_at(t)
@@ -341,7 +341,7 @@ class ChaosDriver:
 
 
 def _created_at(t: Target) -> Optional[float]:
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
 
     ledger = Ledger.in_runs_root(t.root)
     try:

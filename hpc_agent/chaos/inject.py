@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from hpc_agent.fsutil import atomic_write_json
+from hpc_agent.core.fsutil import atomic_write_json
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
 REPO = Path(__file__).resolve().parents[2]

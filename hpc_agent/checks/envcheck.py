@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Mapping, Optional, Tuple
 
-from hpc_agent.ops_cache import (MANIFEST, find_build_locks, ops_dir, python_tag, read_manifest,
-                                 torch_extensions_roots)
+from hpc_agent.core.ops_cache import (MANIFEST, find_build_locks, ops_dir, python_tag, read_manifest,
+                                      torch_extensions_roots)
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 Result = Tuple[str, str, str]

@@ -110,7 +110,7 @@ def check_job_python(cli: SlurmCLI, cfg: Any, repo: Optional[str] = None,
                      timeout_s: Optional[float] = None) -> Tuple[str, str, str]:
     """(level, name, detail) for doctor; see the module docstring."""
     if repo is None:
-        from hpc_agent.paths import code_root
+        from hpc_agent.core.paths import code_root
         repo = str(code_root())
     name = f"hpc-agent-doctor-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     argv, python = probe_argv(cfg, repo, name)
@@ -144,10 +144,10 @@ __all__: Sequence[str] = ["check_job_python", "check_code", "classify", "probe_a
 
 def check_code(cfg: Any, cwd: str) -> Tuple[str, str, str]:
     """Your own code (a ``train.workload`` package, a ``train.command`` script): can submit find and snapshot
-    it from here? The same plan submit makes (hpc_agent.code_snapshot), without copying or importing it."""
+    it from here? The same plan submit makes (hpc_agent.jobs.code_snapshot), without copying or importing it."""
     from pathlib import Path
 
-    from hpc_agent import code_snapshot
+    from hpc_agent.jobs import code_snapshot
     from hpc_agent.config.problems import ConfigError
 
     if not code_snapshot.wanted(cfg):

@@ -3,7 +3,7 @@
 Before this table, 3 meant "sbatch refused" to submit, "another watcher holds the lease" to watch and "Slurm
 error" to sweep, and 4 and 5 had two meanings each. A script that runs several commands now reads a code the
 same way whichever command returned it. These are the *commands'* codes; the training *job's* exit codes
-(72 env_error, 75 hand-back, ...) are another table: ``hpc_agent.diagnosis.exit_codes``, docs/exit_codes.md.
+(72 env_error, 75 hand-back, ...) are another table: ``hpc_agent.core.exit_codes``, docs/exit_codes.md.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ SLURM = 3
 BUSY = 4
 PAUSED = 5
 WONT_FIT = 6
-REMOTE = 255  # ssh's own code; hpc_agent.remote passes it through
+REMOTE = 255  # ssh's own code; hpc_agent.remote.ssh passes it through
 
 TABLE: Dict[int, Tuple[str, str]] = {
     OK: ("OK", "success: done, submitted, every check passed, or stopped cleanly by a signal"),

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_agent import exit_status, paths
-from hpc_agent.cli_common import add_common_arguments, configure
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure
+from hpc_agent.core import paths
 
 DESCRIPTION = "print the config reference; --list or --copy DIR: the shipped configs and templates"
 

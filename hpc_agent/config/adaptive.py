@@ -1,6 +1,6 @@
 """The ``adaptive:`` section: the job adapts its LR schedule to what the run shows. Off by default.
 
-Two triggers, both judged by the pure :func:`hpc_agent.adaptive.decide`: a plateau of the watched loss
+Two triggers, both judged by the pure :func:`hpc_agent.policy.adaptive_lr.decide`: a plateau of the watched loss
 makes a warm restart (the LR re-warmed to a fraction of its peak, then cosine again, as in SGDR), and a
 gradient-norm explosion decays the LR by a factor (with a floor); explosions that keep coming escalate to
 the divergence rollback the job already has (``resilience.in_job_retries``). The defaults follow PyTorch's

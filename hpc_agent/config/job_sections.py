@@ -111,7 +111,7 @@ class FaultsConfig:
 
     gpu_memory_gib: float = 0.0
     """Simulate a GPU of this many GiB (0: off): the job raises a CUDA-style out-of-memory error, naming this
-    capacity, in its first training forward when ``hpc_agent.memory``'s per-GPU estimate for its config
+    capacity, in its first training forward when ``hpc_agent.policy.memory``'s per-GPU estimate for its config
     exceeds it (gpt workload). Unlike the other faults it fires in every attempt: it is the hardware, not
     a transient event, so only a config that fits gets past it."""
 

@@ -21,12 +21,12 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hpc_agent import rundir
 from hpc_agent.config.env_origin import ORIGIN_KEY, carried_origins, escape_literals, metadata_problems, scan_layer
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import SECTIONS, Config
 from hpc_agent.config.yaml_safe import load_mapping, parse_text
-from hpc_agent.paths import configs_dir
+from hpc_agent.core import rundir
+from hpc_agent.core.paths import configs_dir
 
 RUNS_ENV = "HPC_AGENT_RUNS"
 
@@ -285,7 +285,7 @@ def load_run_config(run_dir: Path) -> Config:
 def write_run_config(run_dir: Path, cfg: Config, name: str = rundir.CONFIG) -> Path:
     """Write ``cfg`` as the run's ``config.yaml`` (or the attempt copy ``name``), atomically: a reader sees the old
     file or the new one, never half of it. The one writer of the file that :func:`load_run_config` reads."""
-    from hpc_agent.fsutil import atomic_write_text
+    from hpc_agent.core.fsutil import atomic_write_text
 
     path = Path(run_dir) / name
     atomic_write_text(path, to_yaml(cfg))

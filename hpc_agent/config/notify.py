@@ -2,7 +2,7 @@
 
 Three channels, any together: a command (an argv list, never a shell, given the event as JSON on stdin), a
 webhook (a Slack-compatible JSON POST) and Slurm's own mail (``--mail-type``/``--mail-user``, produced here
-in one place for ``hpc_agent/launcher.py``). The watcher sends each event once (``hpc_agent/notify.py``).
+in one place for ``hpc_agent/jobs/executor.py``). The watcher sends each event once (``hpc_agent/watcher/notifier.py``).
 
 A webhook URL usually carries its token in the path or query, so it is a secret: problems and logs show
 :func:`redact_url`'s form only (scheme and host), never the whole URL.

@@ -8,7 +8,7 @@ activation lines, Slurm version quirks). The loader records the profile's name, 
 ``profile`` section, so a run's config snapshot carries it and the watcher resubmits with the same settings
 without the file (docs/profiles.md).
 
-Where a name is looked for: :func:`hpc_agent.paths.profile_dirs` (the one home of that rule).
+Where a name is looked for: :func:`hpc_agent.core.paths.profile_dirs` (the one home of that rule).
 """
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def profile_layers(name: str, near: Sequence[os.PathLike | str] = ()) -> Tuple[L
     from hpc_agent.config.env_origin import escape_literals
     from hpc_agent.config.problems import ConfigError
     from hpc_agent.config.yaml_safe import load_mapping
-    from hpc_agent.paths import find_profile, profile_dirs
+    from hpc_agent.core.paths import find_profile, profile_dirs
 
     if not NAME_RE.match(str(name)):
         return [], [Problem("--profile", name, "a profile name: letters, digits, '_' or '-' (no path, no .yaml)")]
@@ -209,7 +209,7 @@ def sacct_json_quirk(env: Mapping[str, str] = os.environ) -> Optional[bool]:
     (the watcher then reads sacct as text without probing ``--json``); None otherwise, where the watcher's own
     one-time probe decides. Never raises: a missing or broken profile leaves the decision to the probe."""
     from hpc_agent.config.yaml_safe import load_mapping
-    from hpc_agent.paths import find_profile
+    from hpc_agent.core.paths import find_profile
 
     name = selected(None, env)
     try:

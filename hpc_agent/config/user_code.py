@@ -2,7 +2,7 @@
 
 ``train.workload`` and ``train.command`` live in ``TrainConfig``; this module holds their syntax checks and
 the ``container:`` section. Every value here reaches the job script, so each has an allow-list
-(``hpc_agent.config.fields``), and the renderer quotes it once (``hpc_agent.launcher``).
+(``hpc_agent.config.fields``), and the renderer quotes it once (``hpc_agent.jobs.executor``).
 """
 from __future__ import annotations
 

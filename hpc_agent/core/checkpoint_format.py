@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent import rundir
-from hpc_agent.filemodes import make_dir
+from hpc_agent.core import rundir
+from hpc_agent.core.filemodes import make_dir
 
 ASIDE = "set_aside"
 MARKER = "COMPLETE.json"
@@ -192,7 +192,7 @@ def read_candidate(directory: Path) -> Optional[Candidate]:
 
 
 def scan(root: Path) -> List[Candidate]:
-    """The checkpoints under ``root``; :class:`hpc_agent.rundir.UnsafeFile` when ``root`` is a link (resuming
+    """The checkpoints under ``root``; :class:`hpc_agent.core.rundir.UnsafeFile` when ``root`` is a link (resuming
     from, or saving into, a folder outside the run directory is refused)."""
     if root.is_symlink():
         raise rundir.UnsafeFile(errno.ELOOP, f"{root} is a symbolic link; not following it out of the run directory")

@@ -1,6 +1,6 @@
 """The code snapshot as every attempt of a run reads it: ``<run dir>/code/`` and its ``MANIFEST.json``.
 
-``submit`` takes the snapshot (``hpc_agent/code_snapshot.py``: what is copied, bounded, with the manifest);
+``submit`` takes the snapshot (``hpc_agent/jobs/code_snapshot.py``: what is copied, bounded, with the manifest);
 the job reads it back here: :func:`activate` puts the copy first on ``sys.path``, :func:`snapshot_argv` points
 a command-mode script word at its copy. :func:`digest` is the manifest's sha256, so anyone can check a copy
 against it (:func:`hash_tree`).
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hpc_agent import rundir
+from hpc_agent.core import rundir
 
 
 def digest(entries: Iterable[Tuple[str, bytes]]) -> str:

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, Mapping, Optional, Tuple
 
-from hpc_agent.diagnosis.causes import Cause
+from hpc_agent.core.causes import Cause
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,10 @@ EXIT_OUT_OF_MEMORY = 3
 EXIT_DIVERGED = 65
 EXIT_UNAVAILABLE = 69
 EXIT_ENVIRONMENT = 72
-EXIT_RUN_DIR_BUSY = 73  # another live job holds the run directory's lease (hpc_agent/runlease.py); EX_CANTCREAT
+EXIT_RUN_DIR_BUSY = 73  # another live job holds the run directory's lease (hpc_agent/core/runlease.py); EX_CANTCREAT
 EXIT_SIGNALLED_AFTER_CHECKPOINT = 75
 EXIT_CONFIG = 78
-EXIT_GPU_HEALTH_CRITICAL = 82  # launch/gpu_health.py: exclude the node and resubmit
+EXIT_GPU_HEALTH_CRITICAL = 82  # launch/gpu_monitor.py: exclude the node and resubmit
 
 _TABLE: Tuple[ExitCodeMeaning, ...] = (
     ExitCodeMeaning(EXIT_CRASHED, Cause.CODE_ERROR, "uncaught Python exception (a code bug)", name="crashed"),

@@ -14,12 +14,12 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, List, Optional, Tuple
 
-from hpc_agent.filemodes import file_mode_in, make_dir, open_created, set_mode
+from hpc_agent.core.filemodes import file_mode_in, make_dir, open_created, set_mode
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write to a temp file in the same directory, fsync it, then ``os.replace`` it into place. The file
-    gets the mode its folder calls for (``0600``, or ``0640`` in a group-shared folder: hpc_agent.filemodes)."""
+    gets the mode its folder calls for (``0600``, or ``0640`` in a group-shared folder: hpc_agent.core.filemodes)."""
     path = Path(path)
     make_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -37,7 +37,7 @@ import re
 import shlex
 from typing import List, Optional
 
-from hpc_agent.diagnosis.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
+from hpc_agent.core.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
 
 BATCH_REQUEUE_ENV = "HPC_AGENT_BATCH_REQUEUE"
 
@@ -74,19 +74,19 @@ def batch_teardown_lines(successor: bool = False) -> List[str]:
     hand_over = [
         *successor_lines(),
         f"# {code}: every rank saved the checkpoint after SIGUSR2 and ended: hand over to a successor job, or if",
-        "# that fails requeue now (hpc_agent/handback.py)",
+        "# that fails requeue now (hpc_agent/core/handback.py)",
         f'if [ "$hpc_agent_rc" = {code} ] && [ -n "${{{SUCCESSOR_DIR_ENV}:-}}" ] && [ -z "${{SLURM_ARRAY_JOB_ID:-}}" ] '
         '&& hpc_agent_hand_over; then',
         wake_line(),
         f'elif [ "$hpc_agent_rc" = {code} ]; then',
     ] if successor else [
-        f"# {code}: every rank saved the checkpoint after SIGUSR2 and ended: requeue now (hpc_agent/handback.py)",
+        f"# {code}: every rank saved the checkpoint after SIGUSR2 and ended: requeue now (hpc_agent/core/handback.py)",
         f'if [ "$hpc_agent_rc" = {code} ]; then',
     ]
     return [
         "hpc_agent_rc=$?",
         "# 0 with rank 0's marker: every rank saved the checkpoint after SIGUSR2 and exited 0, so that the step",
-        f"# ended at once (hpc_agent/handback.py); report it as {code}",
+        f"# ended at once (hpc_agent/core/handback.py); report it as {code}",
         f'hpc_agent_marker="${{HPC_AGENT_RUN_DIR:-/nonexistent}}/{MARKER_PREFIX}${{SLURM_JOB_ID:-}}"',
         'if [ "$hpc_agent_rc" = 0 ] && [ -f "$hpc_agent_marker" ] && [ ! -L "$hpc_agent_marker" ]; then',
         f'    rm -f "$hpc_agent_marker"; hpc_agent_rc={code}',
@@ -158,7 +158,7 @@ def successor_path(run_dir, job_id: str) -> str:
 def read_successor(run_dir, job_id: str) -> Optional[str]:
     """The successor job id that job ``job_id`` handed over to, or None. The job wrote the file, so it is
     untrusted: a regular file (a link is not followed), a few bytes, one job number other than ``job_id``."""
-    from hpc_agent import rundir
+    from hpc_agent.core import rundir
 
     try:  # a regular file, no link followed, at most MAX_MARKER_BYTES (else UnsafeFile, an OSError)
         text = rundir.read_bounded(successor_path(run_dir, job_id), MAX_MARKER_BYTES)

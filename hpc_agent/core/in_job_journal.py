@@ -1,7 +1,7 @@
 """The in-job journal's format: ``journal/in_job.jsonl``, one JSON line per repair or adaptation the job made.
 
 The training job repairs a GPU OOM or a divergence inside its allocation (``launch/recovery.py``) and
-appends one JSON line per decision to :func:`hpc_agent.rundir.in_job_journal_path`::
+appends one JSON line per decision to :func:`hpc_agent.core.rundir.in_job_journal_path`::
 
     {"seq": 1, "job_id": "123", "attempt": 0, "step": 7, "cause": "gpu_oom", "action": "in_job_repair",
      "patch": {"train.micro_batch_size": 2, "train.grad_accum_steps": 2}, "from": {...}, "rollback_to_step": 5,
@@ -16,7 +16,7 @@ number (``launch.tblog.attempt_number``). The file is written by the job, so the
 untrusted input: bounded, regular files only, every field checked; a malformed line is skipped and said once.
 The job writes with :func:`encode` and reads its own earlier lines back with :func:`read` (a requeued
 attempt starts with its earlier repairs); the watcher turns each line into an audit record
-(``hpc_agent/in_job_ingest.py``).
+(``hpc_agent/watcher/in_job.py``).
 """
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from hpc_agent import rundir
+from hpc_agent.core import rundir
 
 ACTION = "in_job_repair"
 ADAPT_ACTION = "adaptive_schedule"
-"""An adaptation of the LR schedule (``adaptive:``, ``hpc_agent.adaptive``): cause ``adaptive``, no patch, no
+"""An adaptation of the LR schedule (``adaptive:``, ``hpc_agent.policy.adaptive_lr``): cause ``adaptive``, no patch, no
 budget spent; the evidence is the ``[step, value]`` window it rests on, one JSON pair per line."""
 ADAPT_CAUSE = "adaptive"
 CAUSES = ("gpu_oom", "diverged", ADAPT_CAUSE)

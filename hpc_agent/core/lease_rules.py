@@ -1,4 +1,4 @@
-"""The rules of the run-directory lease (:mod:`hpc_agent.runlease`): who holds it, and what to do about it.
+"""The rules of the run-directory lease (:mod:`hpc_agent.core.runlease`): who holds it, and what to do about it.
 
 A lease file is JSON (:class:`Holder`): job id, attempt (``SLURM_RESTART_COUNT``), host, pid, heartbeat
 time, and a token unique to this take. The rules (:func:`judge`, a pure function tested with a table):
@@ -15,7 +15,7 @@ time, and a token unique to this take. The rules (:func:`judge`, a pure function
   node failure) therefore delays the next attempt by at most the staleness, and never stops it.
 
 Settings: ``HPC_AGENT_LEASE_HEARTBEAT_S`` (default 15 s) and ``HPC_AGENT_LEASE_STALE_S`` (default
-max(3 x heartbeat, 60 s)). No file I/O here: :mod:`hpc_agent.runlease` reads and writes the lease.
+max(3 x heartbeat, 60 s)). No file I/O here: :mod:`hpc_agent.core.runlease` reads and writes the lease.
 """
 from __future__ import annotations
 

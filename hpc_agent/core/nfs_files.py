@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from hpc_agent.filemodes import open_created
+from hpc_agent.core.filemodes import open_created
 
 # flock errors that mean "this file system cannot lock", not "someone holds it".
 NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.EINVAL, errno.ENOSYS})
@@ -26,7 +26,7 @@ NO_LINK_ERRNOS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.
 
 
 def _write_new(path: Path, text: str, flags: int) -> None:
-    """Open with ``flags`` (creating, with the folder's mode: hpc_agent.filemodes), write ``text``, fsync
+    """Open with ``flags`` (creating, with the folder's mode: hpc_agent.core.filemodes), write ``text``, fsync
     (the lease must be on disk before it counts)."""
     fd = open_created(path, os.O_WRONLY | flags)
     try:

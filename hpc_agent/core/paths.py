@@ -46,7 +46,7 @@ PROFILES = "profiles"
 def code_root() -> Path:
     """The folder that holds the ``hpc_agent`` and ``launch`` packages: the checkout, or site-packages for
     a wheel install. This is the ``{repo}`` placeholder of sbatch templates (e.g. for PYTHONPATH)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]  # hpc_agent/core/paths.py -> the folder above hpc_agent
 
 
 def _packaged_home() -> Path | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from hpc_agent.rundir import read_bounded
+from hpc_agent.core.rundir import read_bounded
 
 MAX_BYTES = 4 << 20  # a submitit task or result pickle of ours is a few KiB
 

@@ -11,15 +11,15 @@ Layout (one home for it; nothing else spells these names)::
         tb/                  TensorBoard event files
         checkpoints/         DeepSpeed checkpoints, one folder per step
         slurm/               submitit's logs: <job id>_<rank>_log.out / .err
-        heartbeat/           rank-RRRRR.json: each rank's latest beat (step, phase, times; hpc_agent.heartbeat)
+        heartbeat/           rank-RRRRR.json: each rank's latest beat (step, phase, times; hpc_agent.core.heartbeat_format)
         stacks/              rank-RRRRR.txt: a header line, then each Python stack dump asked for with SIGURG
         journal/in_job.jsonl the job's own repairs (in-job recovery), one JSON line each
         deepspeed/           ds_config.<job id>.<attempt>.json: the DeepSpeed config of each command-mode
                              attempt (train.command; launch/command.py), as $HPC_AGENT_DS_CONFIG
-        code/                the snapshot of your code taken at submit (hpc_agent.code_snapshot), with
+        code/                the snapshot of your code taken at submit (hpc_agent.jobs.code_snapshot), with
                              MANIFEST.json; first on the job's PYTHONPATH in every attempt
         sbatch_templates/    <name>.yaml: a copy of the project's own template that submit used, so every
-                             resubmission uses it too (only for a non-shipped one; hpc_agent.paths)
+                             resubmission uses it too (only for a non-shipped one; hpc_agent.core.paths)
 
 A job can write anything into its run directory, and a user can replace a file by a FIFO or by a link
 to ``/dev/zero``. So files here are read as untrusted input: regular files only (``O_NOFOLLOW``,
@@ -27,7 +27,7 @@ to ``/dev/zero``. So files here are read as untrusted input: regular files only 
 ``O_NOFOLLOW`` guards only the last part of a path, so the folders a job could swap for a link to
 elsewhere (``slurm/``, ``tb/``, ``checkpoints/`` and what is in them) are checked by their readers
 (:func:`find_logs`, ``metrics.tb_reader``, ``checkpoints.scan``), which skip or refuse a link, saying so.
-What hpc_agent writes here is created ``0600``/``0700`` (see ``hpc_agent.filemodes``).
+What hpc_agent writes here is created ``0600``/``0700`` (see ``hpc_agent.core.filemodes``).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from hpc_agent import heartbeat
+from hpc_agent.core import heartbeat_format
 
 CONFIG = "config.yaml"
 RUN_JSON = "run.json"
@@ -125,7 +125,7 @@ def stack_path(run_dir: Path, rank: int) -> Path:
 
 
 def in_job_journal_path(run_dir: Path) -> Path:
-    """The job's own repairs, one JSON line each (written by launch/recovery.py, read by hpc_agent/in_job.py)."""
+    """The job's own repairs, one JSON line each (written by launch/recovery.py, read by hpc_agent/core/in_job_journal.py)."""
     return Path(run_dir) / "journal" / "in_job.jsonl"
 
 
@@ -296,13 +296,13 @@ def _rank_files(folder: Path, suffix: str) -> List[Tuple[int, Path]]:
     return sorted(found)
 
 
-def read_heartbeats(run_dir: Path) -> List[heartbeat.Beat]:
+def read_heartbeats(run_dir: Path) -> List[heartbeat_format.Beat]:
     """Every rank's latest beat, by rank. Links, non-regular, oversized and malformed files are skipped
     (a half-written beat cannot be seen: the job replaces the file atomically)."""
-    beats: List[heartbeat.Beat] = []
+    beats: List[heartbeat_format.Beat] = []
     for rank, path in _rank_files(heartbeat_dir(run_dir), ".json"):
         try:
-            beat = heartbeat.decode(read_bounded(path, heartbeat.MAX_BYTES))
+            beat = heartbeat_format.decode(read_bounded(path, heartbeat_format.MAX_BYTES))
         except (OSError, ValueError):
             continue
         if beat.rank == rank:  # a file copied to another rank's name says nothing about that rank

@@ -3,13 +3,13 @@
 Two attempts training in one run directory (a duplicate resubmission, a requeue racing a resubmission,
 a person running ``submit`` twice by hand) would write the same checkpoints and TensorBoard files and
 corrupt each other. So global rank 0 of every attempt takes ``<run dir>/train.lease``
-(:func:`hpc_agent.rundir.lease_path`) before it trains, renews its heartbeat while it trains, and
+(:func:`hpc_agent.core.rundir.lease_path`) before it trains, renews its heartbeat while it trains, and
 releases it when it ends.
 
 What to do about a lease found there (take it, take it over, watch it, refuse) is decided by the pure rules
-in :mod:`hpc_agent.lease_rules`; this module reads and writes the file and keeps the heartbeat.
+in :mod:`hpc_agent.core.lease_rules`; this module reads and writes the file and keeps the heartbeat.
 
-NFS: a new lease is published exclusively (:func:`hpc_agent.nfs_files.publish_exclusive`). A stale lease is
+NFS: a new lease is published exclusively (:func:`hpc_agent.core.nfs_files.publish_exclusive`). A stale lease is
 taken over by renaming it aside (only one taker can move a given file), checking that what was moved is what
 was judged, publishing ours exclusively, and re-reading to confirm we won. A ``flock`` on the run directory
 serialises takers where the file system supports it; where it does not (NFS without a lock daemon),
@@ -25,15 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from hpc_agent.filemodes import make_dir
-from hpc_agent.fsutil import pid_alive
+from hpc_agent.core.filemodes import make_dir
+from hpc_agent.core.fsutil import pid_alive
 # The rules and file primitives are re-exported: launch/lease.py and the tests take the whole lease from here.
-from hpc_agent.lease_rules import (LOCAL_PREFIX,
-                                   REFUSE, TAKE, TAKEOVER, UNKNOWN_JOB, WAIT, Holder,
-                                   LeaseWaitCancelled, RunDirBusy, Verdict, judge, me_from_env,
-                                   settings_from_env, stale_after_s)
-from hpc_agent.nfs_files import (DirectoryLock, move_aside_if_matching,
-                                 publish_exclusive)
+from hpc_agent.core.lease_rules import (LOCAL_PREFIX, REFUSE, TAKE, TAKEOVER, UNKNOWN_JOB, WAIT, Holder,
+                                        LeaseWaitCancelled, RunDirBusy, Verdict, judge, me_from_env, settings_from_env,
+                                        stale_after_s)
+from hpc_agent.core.nfs_files import DirectoryLock, move_aside_if_matching, publish_exclusive
 
 LEASE_MAX_BYTES = 64 << 10
 
@@ -41,7 +39,7 @@ LEASE_MAX_BYTES = 64 << 10
 def read_holder(path: Path) -> Optional[Holder]:
     """The lease in ``path``: None when there is none; a placeholder holder (job ``?``, heartbeat = the file's
     mtime) when the file is not a valid lease (half written by an O_EXCL publisher, a link, garbage)."""
-    from hpc_agent.rundir import UnsafeFile, read_bounded
+    from hpc_agent.core.rundir import UnsafeFile, read_bounded
 
     try:
         data = read_bounded(path, LEASE_MAX_BYTES)
@@ -151,7 +149,7 @@ class RunLease:
     # ---- keep ----------------------------------------------------------------------------------------
     def renew(self) -> bool:
         """Stamp a new heartbeat; False (and ``lost_to`` set) when the lease is no longer ours."""
-        from hpc_agent.fsutil import atomic_write_text
+        from hpc_agent.core.fsutil import atomic_write_text
 
         with self._io:
             if not self.held:

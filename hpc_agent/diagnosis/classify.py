@@ -22,12 +22,12 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hpc_agent.diagnosis.causes import SECONDARY_FAULTS, Cause
-from hpc_agent.diagnosis.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
+from hpc_agent.core.causes import SECONDARY_FAULTS, Cause
+from hpc_agent.core.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
+from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, parse_timestamp, scan_logs, since_last_repair,
                                          split_attempts, split_by_time)
 from hpc_agent.metrics.divergence import Alarm
-from hpc_agent.rundir import LogText
 from hpc_agent.slurm.sacct import Attempt
 
 PENDING_STATES = {"PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -232,7 +232,7 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
     why = "no recognised error in the log" if logs else "no log to read"
     if explained is not None:
         where, meaning = explained
-        note = " (placeholder code: see hpc_agent/diagnosis/exit_codes.py)" if meaning.placeholder else ""
+        note = " (placeholder code: see hpc_agent/core/exit_codes.py)" if meaning.placeholder else ""
         bad = tuple(attempt.nodes) if meaning.cause == Cause.GPU_HW_ERROR and len(attempt.nodes) == 1 else ()
         extra = [f"exit code {meaning.code} of {where}: {meaning.meaning}{note}"]
         if meaning.cause in (Cause.CODE_ERROR, Cause.ENV_ERROR):

@@ -7,7 +7,7 @@ A fake NVML module/object can be injected (``read_gpus(nvml=fake)``) for tests.
 ``judge()`` and ``judge_all()`` are pure. The rules, worst first:
 
 CRITICAL (the GPU should not run a job; exit ``EXIT_GPU_CRITICAL`` = 82, which
-``hpc_agent.diagnosis.exit_codes`` maps to ``gpu_hw_error``: exclude the node, tell the admins)
+``hpc_agent.core.exit_codes`` maps to ``gpu_hw_error``: exclude the node, tell the admins)
   - any uncorrectable (volatile) ECC error
   - a row-remapping failure
   - retired pages pending (a reset is needed before the retirement takes effect)

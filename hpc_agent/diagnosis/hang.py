@@ -45,7 +45,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from hpc_agent.heartbeat import Beat
+from hpc_agent.core.heartbeat_format import Beat
 
 KINDS = ("step", "startup", "saving", "evaluating", "heartbeat_lost")
 LOST_BEATS = 4  # heartbeats missed before the writer counts as gone

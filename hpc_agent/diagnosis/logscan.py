@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Pattern, Sequence, Tuple
 
-from hpc_agent.diagnosis.causes import Cause
-from hpc_agent.rundir import LogText
+from hpc_agent.core.causes import Cause
+from hpc_agent.core.rundir import LogText
 
 FAULT = "fault"
 """Something broke inside the job."""
@@ -81,7 +81,7 @@ _HW_XIDS = {48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120}
 """Xids that mean hardware (ECC, fallen off the bus, NVLink, GSP). 13/31/43 are usually the program's fault."""
 _XID = _rx(r"\bXid\b(?: \([^)]*\))?[:,]?\s*(?P<xid>\d+)")
 _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
-    # launch/train.py's refusal (exit 73): another live job holds <run dir>/train.lease (hpc_agent/runlease.py).
+    # launch/train.py's refusal (exit 73): another live job holds <run dir>/train.lease (hpc_agent/core/runlease.py).
     (Cause.RUN_DIR_BUSY, _rx(r"\[hpc_agent\] run directory busy:")),
     # launch/train.py's line for an unprepared DeepSpeed op or a missing extra (exit 72). A missing top-level
     # package in the job's Python is the same kind of problem: no retry in that environment gets past it. A

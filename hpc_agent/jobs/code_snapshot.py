@@ -1,7 +1,7 @@
 """The code snapshot: a copy of your code taken at submit, run by every attempt of the run.
 
 A requeue can start a day after the submit; by then the checkout holds other code. So submit copies the
-code the job imports into ``<run dir>/code/`` (``hpc_agent.rundir``) and the job puts that folder first on
+code the job imports into ``<run dir>/code/`` (``hpc_agent.core.rundir``) and the job puts that folder first on
 its path (``PYTHONPATH`` in the job script, and ``code_manifest.activate`` ahead of the job's working directory).
 Resubmissions by the watcher reuse the run's snapshot: only ``hpc_agent.submit`` takes one.
 
@@ -29,10 +29,10 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent import rundir
-from hpc_agent.code_manifest import digest, read_manifest
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.user_code import is_reference
+from hpc_agent.core import rundir
+from hpc_agent.core.code_manifest import digest, read_manifest
 
 MAX_FILES = 2000
 MAX_BYTES = 50 << 20
@@ -193,8 +193,8 @@ def plan_for(cfg: Any, cwd: Path) -> Optional[Plan]:
 # ---- taking it, and using it ---------------------------------------------------------------------------
 def take(plan: Plan, run_dir: Path) -> Dict[str, Any]:
     """Copy ``plan`` into ``<run_dir>/code`` (built aside, renamed into place when complete); the manifest."""
-    from hpc_agent.filemodes import file_mode_in, make_dir, open_created
-    from hpc_agent.fsutil import atomic_write_json
+    from hpc_agent.core.filemodes import file_mode_in, make_dir, open_created
+    from hpc_agent.core.fsutil import atomic_write_json
 
     dest = rundir.code_dir(run_dir)
     tmp = Path(run_dir) / f".{rundir.CODE}.tmp-{os.getpid()}"

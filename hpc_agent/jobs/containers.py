@@ -67,7 +67,7 @@ def container_values(cfg: Config, values: Mapping[str, str], cwd: str | None = N
         return {}
     if cwd is None:
         # The first submit's directory, kept in run.json: the watcher resubmits from wherever it runs.
-        from hpc_agent.rundir import submit_workdir
+        from hpc_agent.core.rundir import submit_workdir
 
         cwd = submit_workdir(Path(values["run_dir"])) if values.get("run_dir") else os.getcwd()
     c = cfg.container

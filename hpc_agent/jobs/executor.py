@@ -12,16 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
-from hpc_agent import code_snapshot, containers, rundir
 from hpc_agent.config.fields import NAME, path_problem
 from hpc_agent.config.notify import sbatch_options
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.profile import gpu_request
 from hpc_agent.config.schema import Config
 from hpc_agent.config.yaml_safe import load_mapping
-from hpc_agent.handback import batch_setup_lines, batch_teardown_lines
-from hpc_agent.job_match import comment_for, job_name_for
-from hpc_agent.paths import code_root, find_template, template_dirs
+from hpc_agent.core import rundir
+from hpc_agent.core.handback import batch_setup_lines, batch_teardown_lines
+from hpc_agent.core.paths import code_root, find_template, template_dirs
+from hpc_agent.jobs import code_snapshot, containers
+from hpc_agent.slurm.job_match import comment_for, job_name_for
 from hpc_agent.slurm.timelimit import slurm_time_to_minutes
 
 EXECUTORS = ("auto", "slurm", "local")
@@ -43,7 +44,7 @@ _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 def load_template(name: str, near: Sequence[Path | str] = ()) -> Template:
     """The template ``name``: a project's own ``sbatch_templates/`` (next to a config file in ``near``, or
-    in the current directory) before the shipped one; ``hpc_agent.paths.template_dirs`` has the order."""
+    in the current directory) before the shipped one; ``hpc_agent.core.paths.template_dirs`` has the order."""
     path = find_template(name, near)
     if path is None:
         folders = [d for d in template_dirs(near) if d.is_dir()]
@@ -131,7 +132,7 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
         # USR2 <lead> s before the limit: time to write a checkpoint (--signal=USR2@lead).
         "signal_delay_s": s.signal_lead_s,
         "stderr_to_stdout": True,
-        # The run's code snapshot first on PYTHONPATH, in every attempt (hpc_agent/code_snapshot.py).
+        # The run's code snapshot first on PYTHONPATH, in every attempt (hpc_agent/jobs/code_snapshot.py).
         # The profile's activation lines run as written, after the template's exports (so they may read
         # $HPC_AGENT_RUN_DIR) and before the snapshot's PYTHONPATH line (so a venv's activate cannot hide it).
         "setup": render_lines(template.setup, values) + activation_lines(cfg)

@@ -1,8 +1,8 @@
 """``submit --place auto``: choose the partition, print the table of candidates and why one won.
 
 The imperative shell around the pure chooser: one ``sinfo`` and a bounded number of ``sbatch --test-only``
-calls (:mod:`hpc_agent.placement_facts`), the candidates (:mod:`hpc_agent.placement_options`), the choice
-(:mod:`hpc_agent.placement`). The winner's partition, and the ladder rung it needs to fit, become part of the
+calls (:mod:`hpc_agent.slurm.partition_facts`), the candidates (:mod:`hpc_agent.policy.partition_options`), the choice
+(:mod:`hpc_agent.policy.partitions`). The winner's partition, and the ladder rung it needs to fit, become part of the
 run's config, so the job script, the memory check and the watcher's later decisions all see them.
 ``--dry-run`` prints the same table and submits nothing.
 """
@@ -33,9 +33,9 @@ def with_mode(cfg: Any, mode: str) -> Any:
 def place(cfg: Any, slurm: Any) -> Placed:
     """Choose the partition for a fresh submission of ``cfg`` (``placement.mode`` auto)."""
     from hpc_agent.config.problems import ConfigError
-    from hpc_agent.placement import choose
-    from hpc_agent.placement_facts import collect
-    from hpc_agent.placement_options import candidates
+    from hpc_agent.policy.partitions import choose
+    from hpc_agent.slurm.partition_facts import collect
+    from hpc_agent.policy.partition_options import candidates
     from hpc_agent.config.load import apply_patch
     from hpc_agent.slurm.cli import SlurmError
 

@@ -13,15 +13,15 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import List
 
-from hpc_agent import rundir
 from hpc_agent.config.schema import Config
-from hpc_agent.filemodes import group_of, make_dir, restricted_umask
-from hpc_agent.fsutil import atomic_write_json
-from hpc_agent.job_match import job_name_for
-from hpc_agent.launcher import make_executor
-from hpc_agent.ledger import Ledger
-from hpc_agent.lifecycle import Event, EventKind
-from hpc_agent.rundir import WORKDIR, read_run_json, submit_workdir
+from hpc_agent.core import rundir
+from hpc_agent.core.filemodes import group_of, make_dir, restricted_umask
+from hpc_agent.core.fsutil import atomic_write_json
+from hpc_agent.core.rundir import WORKDIR, read_run_json, submit_workdir
+from hpc_agent.jobs.executor import make_executor
+from hpc_agent.slurm.job_match import job_name_for
+from hpc_agent.state.ledger import Ledger
+from hpc_agent.state.lifecycle import Event, EventKind
 
 CRASH_ENV = "HPC_AGENT_CRASH_AT"  # tests only: SIGKILL ourselves at a named point (after_intent, after_submit)
 
@@ -100,9 +100,9 @@ def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, conf
 def job_for(run_dir: Path, cfg: Config, config_path: Path):
     """What each task runs: ``CommandJob`` for ``train.command`` (the user's script), else ``TrainingJob``.
 
-    This module is the one place on the login side that imports the job side (``hpc_agent/job.py``, which runs
+    This module is the one place on the login side that imports the job side (``launch/job.py``, which runs
     ``launch``): here, where the callable is handed to submitit, and never at module level."""
-    from hpc_agent.job import CommandJob
+    from launch.job import CommandJob
 
     if cfg.train.command:
         return CommandJob(run_dir, config_path, submit_workdir(run_dir))
@@ -111,7 +111,7 @@ def job_for(run_dir: Path, cfg: Config, config_path: Path):
 
 def training_job(run_dir: Path, config_path: Path):
     """The built-in trainer's callable for one run (what a sweep's array tasks run too)."""
-    from hpc_agent.job import TrainingJob
+    from launch.job import TrainingJob
 
     return TrainingJob(run_dir, config_path)
 
@@ -126,7 +126,7 @@ def update_run_json(run_dir: Path, run_id: str, kind: str, job_id: str, config_p
         "logs": [str(p) for p in log_paths(run_dir, job_id, ranks)], "tensorboard": str(rundir.tb_dir(run_dir)),
         "updated_at": _dt.datetime.now().isoformat(timespec="seconds"),
     })
-    from hpc_agent.code_snapshot import run_json_entry
+    from hpc_agent.jobs.code_snapshot import run_json_entry
 
     if snapshot := run_json_entry(run_dir):  # from the snapshot's MANIFEST.json, its one source
         info["code_snapshot"] = snapshot

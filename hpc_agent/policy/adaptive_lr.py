@@ -23,7 +23,7 @@ while the best value before the window is the whole run's).
 Steps: ``step`` is the number of optimizer steps completed, i.e. the 1-based step just trained (what
 TensorBoard logs), which is also the 0-based index of the next update (what ``LambdaLR`` asks the factor
 for). An adaptation decided at ``step`` applies from update ``step`` on. The LR factor itself is
-``launch.schedule.lr_factor_adaptive`` (the base schedule lives in ``launch``; hpc_agent never imports
+``launch.lr_schedule.lr_factor_adaptive`` (the base schedule lives in ``launch``; hpc_agent never imports
 ``launch`` at module level), built from :func:`restart_factor` and :func:`scaled_factor` here.
 
 In the training loop (``launch/adaptive_loop.py``, called by ``launch/engine.py`` after a step's evaluation
@@ -32,7 +32,7 @@ and before its checkpoint): the LR lambda reads the current state at every sched
 the decisions after a resume equal the uninterrupted run's; rank 0 decides and broadcasts (eval losses need
 not agree bit for bit across ranks); gradient norms of FP16 overflow-skipped steps are left out (the loss
 scaler's business). An adaptation applies from update ``step`` on, is a journal line
-(``hpc_agent/in_job.py``, action ``adaptive_schedule``, its ``[step, value]`` window as evidence), an
+(``hpc_agent/core/in_job_journal.py``, action ``adaptive_schedule``, its ``[step, value]`` window as evidence), an
 ``adaptive/<kind>`` TensorBoard scalar and a marker in review's plot; ``escalate_rollback`` is the job's
 divergence rollback (``launch.recovery.repair_in_place``).
 """
@@ -136,7 +136,7 @@ def _pairs(series: Sequence[Any]) -> List[Pair]:
     return [(int(s), float(v)) for s, v in series]
 
 
-# --- the LR factor's adaptive parts (launch.schedule.lr_factor_adaptive composes them) --------------------
+# --- the LR factor's adaptive parts (launch.lr_schedule.lr_factor_adaptive composes them) --------------------
 def restart_factor(step: int, state: ScheduleState, total_steps: int, min_lr_ratio: float) -> float:
     """The unscaled factor at update ``step >= state.restart_step``: linear from the factor the schedule had
     at the restart to ``restart_peak_fraction`` over ``restart_warmup_steps`` updates (equal to the old
@@ -173,7 +173,7 @@ def decide(state: ScheduleState, step: int, losses: Sequence[Pair], grad_norms: 
     ``losses``: the watched loss (``cfg.plateau_metric``) and ``grad_norms``: the norms before clipping, each
     ``(step, value)`` in step order up to ``step`` (:func:`trim_history` keeps what is needed).
     ``lr_factor_now``: the schedule's unscaled factor for update ``step`` under ``state``
-    (``launch.schedule.lr_factor_unscaled``): where a warm restart would start, and a restart only ever
+    (``launch.lr_schedule.lr_factor_unscaled``): where a warm restart would start, and a restart only ever
     raises the LR."""
     if not cfg.enabled or step < warmup_steps:
         return state, None
@@ -286,7 +286,7 @@ def trim_history(losses: Sequence[Pair], grad_norms: Sequence[Pair], cfg: Any) -
 def adaptation_reason(kind: str, why: str) -> str:
     """An adaptation's journal reason, ``<kind>: <why>`` (clipped to the journal's MAX_TEXT); :func:`adaptation_kind`
     reads the kind back."""
-    from hpc_agent.in_job import MAX_TEXT
+    from hpc_agent.core.in_job_journal import MAX_TEXT
 
     return f"{kind}: {why}"[:MAX_TEXT]
 

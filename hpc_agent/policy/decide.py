@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from hpc_agent.config.schema import Config
-from hpc_agent.diagnosis.causes import Cause
-from hpc_agent.memory import GPU_HEADROOM, gpu_oom_fit
-from hpc_agent.policy_placement import weigh_partitions
+from hpc_agent.core.causes import Cause
+from hpc_agent.policy.memory import GPU_HEADROOM, gpu_oom_fit
+from hpc_agent.policy.partition_rule import weigh_partitions
 from hpc_agent.slurm.hostlist import expand_hostlist
 
 WAIT, DONE, REQUEUE, RESUBMIT, STOP = "wait", "done", "requeue", "resubmit", "stop"
@@ -332,7 +332,7 @@ def retries_left(cause: str, history: Sequence[PastAttempt], cfg: Config,
                  limits: PolicyLimits = PolicyLimits()) -> Optional[Tuple[int, str]]:
     """The tighter of the two budgets :func:`decide` checks, after ``history`` (which holds the retry just
     decided): (retries left, which budget in words), or None when neither limits ``cause``. Read by the
-    notifications (``hpc_agent/notify_events.py``) to warn before the run gives up, never to decide."""
+    notifications (``hpc_agent/watcher/notify_events.py``) to warn before the run gives up, never to decide."""
     found = []
     budget = limits.per_cause.get(cause)
     if budget is not None:

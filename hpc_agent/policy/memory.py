@@ -230,7 +230,7 @@ def describe_patch(train: Any, patch: Dict[str, Any]) -> str:
 
 
 # --- THE OOM ladder ---------------------------------------------------------------------------------
-# One ladder for every place that trades memory: submit's preflight advice (hpc_agent.preflight), the
+# One ladder for every place that trades memory: submit's preflight advice (hpc_agent.policy.preflight), the
 # watcher's and diagnose's next rung after a GPU OOM (hpc_agent.policy.decide) and anything else that asks.
 
 GPU_HEADROOM = 0.9

@@ -1,12 +1,12 @@
-"""Partition facts + a config -> :class:`hpc_agent.placement.Candidate` rows (pure: no I/O, no clock).
+"""Partition facts + a config -> :class:`hpc_agent.policy.partitions.Candidate` rows (pure: no I/O, no clock).
 
 For each partition: does the job fit its GPUs, as it is or with the fewest rungs of THE OOM ladder
-(:mod:`hpc_agent.memory`)? How long would the remaining steps take there? What would it cost?
+(:mod:`hpc_agent.policy.memory`)? How long would the remaining steps take there? What would it cost?
 
 The time model is deliberately simple and says so in the table's reason:
 
 - a step costs ``6 x parameters x tokens`` FLOPs (forward + backward of a decoder-only transformer), run at
-  ``placement.mfu`` of the GPUs' dense FP16 peak (:mod:`hpc_agent.gpu_types`); once a run has measured its
+  ``placement.mfu`` of the GPUs' dense FP16 peak (:mod:`hpc_agent.policy.gpu_types`); once a run has measured its
   own step time on one GPU type, that time scaled by the ratio of the peaks replaces the FLOPs estimate;
 - a config change slows a step by fixed factors (:data:`SLOWDOWN`): activation checkpointing recomputes the
   forward (+1/3), ZeRO-3 gathers parameters every layer, offload moves state over PCIe, a smaller micro-batch
@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.gpu_types import peak_tflops
-from hpc_agent.memory import (GPU_HEADROOM, describe_patch, estimate_from_config, estimate_with_patch, gpt_param_count,
-                              gpu_oom_rung, ladder_fit, train_after)
-from hpc_agent.placement import Candidate
+from hpc_agent.policy.gpu_types import peak_tflops
+from hpc_agent.policy.memory import (GPU_HEADROOM, describe_patch, estimate_from_config, estimate_with_patch,
+                                     gpt_param_count, gpu_oom_rung, ladder_fit, train_after)
+from hpc_agent.policy.partitions import Candidate
 
 GIB = 2**30
 SLOWDOWN = {"activation_checkpointing": 4 / 3, "zero3": 1.1, "optimizer": 1.5, "optimizer+params": 3.0,
@@ -86,7 +86,7 @@ def _fit(cfg: Any, capacity: Optional[float], *, must_change: bool, scale: float
     """(patch, its description, estimated bytes after it, fits, blocked) for one GPU size.
 
     ``must_change``: the job ran out of memory on this partition, so it takes at least the next rung (as
-    :func:`hpc_agent.memory.gpu_oom_fit` does), climbing to the first that fits by the calibrated estimate."""
+    :func:`hpc_agent.policy.memory.gpu_oom_fit` does), climbing to the first that fits by the calibrated estimate."""
     ranks = _ranks(cfg)
     if not _estimated(cfg) or not capacity:
         need = estimate_from_config(cfg).total_bytes * scale if _estimated(cfg) else None
@@ -114,7 +114,7 @@ def _fit(cfg: Any, capacity: Optional[float], *, must_change: bool, scale: float
 def candidates(cfg: Any, facts: Sequence[Any], *, remaining_steps: int, explicit: Optional[str] = None,
                oom_on: Optional[str] = None, scale: float = 1.0, offload_allowed: bool = True,
                measured: Optional[Tuple[str, float]] = None, headroom: float = GPU_HEADROOM) -> List[Candidate]:
-    """One candidate per partition fact (``hpc_agent.placement_facts.PartitionFacts``).
+    """One candidate per partition fact (``hpc_agent.slurm.partition_facts.PartitionFacts``).
 
     ``explicit``: the partition the user named. ``oom_on``: the partition where the job just ran out of GPU
     memory (it takes a rung there; ``scale`` calibrates every estimate on that failure). ``measured``: the

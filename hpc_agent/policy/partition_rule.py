@@ -4,7 +4,7 @@ partition when that finishes sooner than the repair in place.
 ``policy.decide`` proposes the repair in place first (the next OOM-ladder rung, or the same partition without
 the failed node). When the run's config has ``placement.mode: auto`` and the watcher gathered the partitions'
 facts (``Situation.placement``), that proposal becomes one candidate among the partitions
-(:mod:`hpc_agent.placement_options`), and :func:`hpc_agent.placement.choose` picks by expected finish. The
+(:mod:`hpc_agent.policy.partition_options`), and :func:`hpc_agent.policy.partitions.choose` picks by expected finish. The
 decision keeps the proposal's cause and budgets; its patch becomes the winner's partition and change, and the
 candidate table goes into the audit trail with it.
 """
@@ -22,9 +22,9 @@ def weigh_partitions(proposed: Any, cfg: Any, situation: Any, limits: Any, oom: 
     facts = situation.placement
     if not facts or getattr(cfg.placement, "mode", "off") != "auto":
         return proposed
-    from hpc_agent.memory import estimate_from_config
-    from hpc_agent.placement import choose
-    from hpc_agent.placement_options import candidates
+    from hpc_agent.policy.memory import estimate_from_config
+    from hpc_agent.policy.partitions import choose
+    from hpc_agent.policy.partition_options import candidates
     from hpc_agent.config.load import apply_patch
 
     here = cfg.slurm.partition

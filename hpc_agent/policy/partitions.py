@@ -2,11 +2,11 @@
 out-of-memory or a node fault.
 
 Each :class:`Candidate` is one way to run the job: a partition, the change the job needs there to fit (a rung
-of THE OOM ladder, :mod:`hpc_agent.memory`), the memory estimate, when Slurm says it would start
+of THE OOM ladder, :mod:`hpc_agent.policy.memory`), the memory estimate, when Slurm says it would start
 (``sbatch --test-only``), how long it would then take, and what it would cost. :func:`choose` ranks them by
 the expected *finish* (start + run time), not the start: a partition that starts a minute later on GPUs
-three times as fast wins. The facts are gathered elsewhere (:mod:`hpc_agent.placement_facts`, I/O) and turned
-into candidates by :mod:`hpc_agent.placement_options` (pure); this module only decides and explains.
+three times as fast wins. The facts are gathered elsewhere (:mod:`hpc_agent.slurm.partition_facts`, I/O) and turned
+into candidates by :mod:`hpc_agent.policy.partition_options` (pure); this module only decides and explains.
 
 The rules, in order:
 

@@ -1,7 +1,7 @@
 """Will the job fit on the partition's GPUs? The memory check ``submit`` runs before sbatch (pure core).
 
 A wasted allocation costs hours in the queue, and a job that runs out of GPU memory at its first step
-wastes all of them. ``submit`` compares the per-GPU estimate (:mod:`hpc_agent.memory`) with the memory
+wastes all of them. ``submit`` compares the per-GPU estimate (:mod:`hpc_agent.policy.memory`) with the memory
 of one GPU of the partition: above it, it refuses unless ``--force``, and names the cheapest change that
 fits; above the headroom (90 %) it warns, because the estimate leaves out the CUDA context, temporary
 buffers and fragmentation.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.memory import GPU_HEADROOM
+from hpc_agent.policy.memory import GPU_HEADROOM
 # gres parsing has one home, hpc_agent.slurm.sinfo; these names stay importable from here.
 from hpc_agent.slurm.sinfo import GRES_FORMAT, gpu_gib_from_gres
 
@@ -48,15 +48,15 @@ def gpu_capacity(cfg: Any, gres: str) -> Tuple[Optional[int], str]:
 
 def memory_verdict(cfg: Any, capacity: Optional[int], source: str = "", offload_allowed: bool = True) -> MemoryVerdict:
     """Compare the estimate with one GPU's memory; see the module docstring. A refusal's fix is the first
-    patch on THE OOM ladder (:func:`hpc_agent.memory.ladder_fit`) that fits ``GPU_HEADROOM`` of the GPU: the
+    patch on THE OOM ladder (:func:`hpc_agent.policy.memory.ladder_fit`) that fits ``GPU_HEADROOM`` of the GPU: the
     same patch the watcher would propose if the job ran out of memory there (``offload_allowed=False``:
     host memory is short too, as after a host OOM)."""
-    from hpc_agent.memory import estimate_from_config, format_bytes, ladder_fit
+    from hpc_agent.policy.memory import estimate_from_config, format_bytes, ladder_fit
 
     if not cfg.slurm.gpus_per_node:
         return MemoryVerdict(SKIP, "CPU job (slurm.gpus_per_node=0): no GPU memory to check")
     if cfg.train.command:
-        from hpc_agent.memory import COMMAND_NOTE
+        from hpc_agent.policy.memory import COMMAND_NOTE
 
         return MemoryVerdict(SKIP, COMMAND_NOTE)
     if cfg.train.workload != "gpt":

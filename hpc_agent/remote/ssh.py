@@ -2,7 +2,7 @@
 
 The command itself runs on the login node (``python3 -m hpc_agent <command> <args>``), so every Slurm
 call happens there through the usual adapters and nothing on the laptop has to stay alive: the watcher
-keeps running on the login node (systemd user unit or scrontab, :mod:`hpc_agent.service_files`).
+keeps running on the login node (systemd user unit or scrontab, :mod:`hpc_agent.watcher.service_files`).
 
 How the ssh command is built (pure functions, table-tested in tests/test_remote.py):
 

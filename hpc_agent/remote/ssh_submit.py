@@ -21,10 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import List, Sequence
 
-from hpc_agent import remote
 from hpc_agent.config.load import RUNS_ENV, load_config, to_yaml
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.yaml_safe import MAX_BYTES
+from hpc_agent.remote import ssh
 
 STDIN = "-"
 
@@ -32,7 +32,7 @@ STDIN = "-"
 def remote_args(argv: Sequence[str], args: argparse.Namespace) -> List[str]:
     """The login node's submit arguments: ``-`` for the config, no overrides (they are in the YAML), the
     remote options dropped, every other flag as typed. Positionals are taken out by their first occurrence."""
-    words = remote.split_argv(argv)
+    words = ssh.split_argv(argv)
     for positional in [args.config, *args.overrides]:
         if positional in words:
             words.remove(positional)
@@ -47,10 +47,10 @@ def submit_remote(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(exc.render(), file=sys.stderr)
         print("Nothing was sent to the login node. Fix the values above and run the command again.", file=sys.stderr)
         return 2
-    timeout = args.wait_timeout + 600 if getattr(args, "wait", False) else remote.DEFAULT_TIMEOUT_S
+    timeout = args.wait_timeout + 600 if getattr(args, "wait", False) else ssh.DEFAULT_TIMEOUT_S
     try:
-        return remote.forward("submit", remote_args(argv, args), args, stdin=to_yaml(cfg).encode(), timeout_s=timeout)
-    except remote.RemoteError as exc:
+        return ssh.forward("submit", remote_args(argv, args), args, stdin=to_yaml(cfg).encode(), timeout_s=timeout)
+    except ssh.RemoteError as exc:
         print(f"hpc-agent submit: {exc}", file=sys.stderr)
         return 2
 

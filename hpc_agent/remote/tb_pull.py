@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent import remote, rundir
+from hpc_agent.core import rundir
 from hpc_agent.metrics.tb_reader import EVENT_GLOB
+from hpc_agent.remote import ssh
 
 BUDGET = 16 << 20          # bytes of file data per reply (base64 makes the reply ~4/3 of it)
 WHOLE_MAX = rundir.CONFIG_MAX_BYTES  # config.yaml / run.json larger than this are not theirs: skipped
@@ -96,7 +97,7 @@ def _export_file(run_dir: Path, rel: str, have: Dict[str, Any], left: int, notes
 
 def export(path: Path, have: Dict[str, Any], budget: int = BUDGET) -> Dict[str, Any]:
     """The reply to one pull round (pure apart from reading the run directories)."""
-    from hpc_agent.runreview import find_runs
+    from hpc_agent.runs.history import find_runs
 
     _, run_dirs = find_runs(path)
     runs, notes, left, more = [], [], budget, False
@@ -134,7 +135,7 @@ def export_main(path: Path, stream=None) -> int:
 
 # --- the laptop half --------------------------------------------------------------------------------------
 def _safe_dir(folder: Path) -> Path:
-    from hpc_agent.filemodes import make_dir
+    from hpc_agent.core.filemodes import make_dir
 
     if folder.is_symlink():
         raise OSError(f"{folder} is a symbolic link; not writing through it")
@@ -194,7 +195,7 @@ def apply(mirror: Path, reply: Dict[str, Any], state: Dict[str, Any]) -> Dict[st
     return counts
 
 
-def pull(rem: "remote.Remote", path: str, mirror: Path, max_rounds: int = 10000) -> Dict[str, Any]:
+def pull(rem: "ssh.Remote", path: str, mirror: Path, max_rounds: int = 10000) -> Dict[str, Any]:
     """Bring ``mirror`` up to date with the login node's ``path`` (a run dir or a runs root)."""
     _safe_dir(mirror)
     state = _load_state(mirror)
@@ -203,8 +204,8 @@ def pull(rem: "remote.Remote", path: str, mirror: Path, max_rounds: int = 10000)
         proc = rem.run("review", [path, "--export-tb"], capture=True,
                        stdin=json.dumps({"have": state, "budget": BUDGET}).encode())
         if proc.returncode != 0:
-            raise remote.RemoteError(f"review --export-tb on the login node failed ({proc.returncode}): "
-                                     f"{proc.stderr.decode(errors='replace').strip()[-2000:]}")
+            raise ssh.RemoteError(f"review --export-tb on the login node failed ({proc.returncode}): "
+                                  f"{proc.stderr.decode(errors='replace').strip()[-2000:]}")
         if MARKER not in proc.stdout:
             raise ValueError(f"the login node's reply has no {MARKER.decode()} (an older hpc_agent there?)")
         reply = json.loads(proc.stdout.rsplit(MARKER, 1)[1])
@@ -243,8 +244,8 @@ def pull_for_review(args, argv: Sequence[str]) -> Tuple[int, Optional[List[str]]
     below the CLI layer."""
     mirror = Path(args.pull).expanduser()
     try:
-        got = pull(remote.Remote(args), args.path, mirror)
-    except (remote.RemoteError, OSError, ValueError) as exc:
+        got = pull(ssh.Remote(args), args.path, mirror)
+    except (ssh.RemoteError, OSError, ValueError) as exc:
         print(f"review --pull: {exc}", file=sys.stderr)
         return 2, None
     target = mirror / got["run_ids"][0] if len(got["run_ids"]) == 1 else mirror
@@ -253,7 +254,7 @@ def pull_for_review(args, argv: Sequence[str]) -> Tuple[int, Optional[List[str]]
     print(f"pulled {got['tb_bytes']} new TensorBoard bytes and {got['other_bytes']} bytes of run files "
           f"({got['files']} files, {got['rounds']} round(s)) from {args.remote}:{args.path} into {target}",
           file=sys.stderr if args.json else sys.stdout, flush=True)
-    words = drop_option(remote.split_argv(argv), "--pull")
+    words = drop_option(ssh.split_argv(argv), "--pull")
     if args.path in words:
         words.remove(args.path)
     return 0, [str(target), *words]

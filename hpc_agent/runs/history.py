@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hpc_agent import rundir
 from hpc_agent.config.load import load_run_config
-from hpc_agent.ledger import LEDGER_FILE
-from hpc_agent.lifecycle import TERMINAL, Phase
+from hpc_agent.core import rundir
 from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
-from hpc_agent.review_live import read_live
-from hpc_agent.review_plot import boundary_labels, in_job_markers, is_notice
+from hpc_agent.runs.live import read_live
+from hpc_agent.runs.plot import boundary_labels, in_job_markers, is_notice
+from hpc_agent.state.ledger import LEDGER_FILE
+from hpc_agent.state.lifecycle import TERMINAL, Phase
 
 LOSS, LR, STEP_TIME, SAMPLES = "train/loss", "train/lr", "perf/step_time_s", "perf/samples_per_s"
 PLOT_TAGS = (LOSS, LR, SAMPLES)
@@ -87,7 +87,7 @@ def read_events(run_dir: Path) -> List[Dict[str, Any]]:
 def _ledger(runs_root: Path):
     if not (runs_root / LEDGER_FILE).exists():
         return None
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
     return Ledger.in_runs_root(runs_root)
 
 
@@ -116,7 +116,7 @@ def _iso_to_ts(text: Any) -> Optional[float]:
 def decision_list(rows: List[Any], events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The run's decisions, oldest first, from its audit trail (events.jsonl): the watcher's (one per ended
     attempt, or a hang) and the job's own repairs inside its allocation (``decided_in == "job"``,
-    ``hpc_agent.in_job``), marked ``in_job``. Both number attempts run-wide from 1. The ledger's decision
+    ``hpc_agent.core.in_job_journal``), marked ``in_job``. Both number attempts run-wide from 1. The ledger's decision
     rows (numbered within their Slurm job) stand in only where events.jsonl holds none. For the watcher's
     action records ``decided_in`` is the seq of the decision carried out, not a place: they are not listed."""
     out = []

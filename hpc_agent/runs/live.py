@@ -14,8 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from hpc_agent import rundir
 from hpc_agent.config.load import load_run_config
+from hpc_agent.core import rundir
 from hpc_agent.diagnosis.hang import judge as hang_judge
 
 # Phases where no step is expected, so silence means nothing: queued, not yet submitted, or the attempt

@@ -4,12 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
-from hpc_agent.adaptive import adaptation_kind
-from hpc_agent.in_job import ADAPT_ACTION
+from hpc_agent.core.in_job_journal import ADAPT_ACTION
+from hpc_agent.policy.adaptive_lr import adaptation_kind
 
 NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
-# The watcher's notices about a running attempt (hpc_agent.follow_hang): it asked for the stacks of a run
-# that looked hung, or the run moved on; a notification sent (hpc_agent/notify.py). None ends an attempt nor
+# The watcher's notices about a running attempt (hpc_agent.watcher.follow_hang): it asked for the stacks of a run
+# that looked hung, or the run moved on; a notification sent (hpc_agent/watcher/notifier.py). None ends an attempt nor
 # names its cause; the decision does.
 NOTICE_ACTIONS = frozenset({"hang_suspected", "hang_cleared", "notification"})
 
@@ -103,7 +103,7 @@ def _silent_gap(ax, live: Mapping[str, Any]) -> None:
     import matplotlib.dates as mdates
     from datetime import datetime
 
-    from hpc_agent.review_live import duration
+    from hpc_agent.runs.live import duration
 
     now = datetime.fromtimestamp(live["now"])
     end = mdates.date2num(now)

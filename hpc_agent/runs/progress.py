@@ -1,4 +1,4 @@
-"""Gathering the live progress of runs (I/O) for ``hpc_agent.progress_view`` to render.
+"""Gathering the live progress of runs (I/O) for ``hpc_agent.runs.progress_view`` to render.
 
 Per poll, for every followed run together: one ``squeue`` for their state and pending reason, one more
 (only while one pends) for the partition's pending jobs, whose order by priority is the run's place in
@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hpc_agent import rundir
 from hpc_agent.config.load import load_run_config
-from hpc_agent.progress_view import QUEUED, RunView
+from hpc_agent.core import rundir
+from hpc_agent.runs.progress_view import QUEUED, RunView
 from hpc_agent.slurm.cli import SlurmError
 
 QUEUE_FORMAT = "%i|%T|%r|%P|%Q"

@@ -3,7 +3,7 @@
 ``submit --wait``, ``sweep`` and ``chaos`` show the same lines: where a job waits in the queue and why
 (squeue's reason and its position among the partition's pending jobs by priority), how far a running job
 is (step N of M, steps/s and the ETA from its heartbeats), the last cause the watcher found and what it
-decided, and the final state. Gathering the views is I/O and lives in ``hpc_agent/progress.py``.
+decided, and the final state. Gathering the views is I/O and lives in ``hpc_agent/runs/progress.py``.
 
 Two ways to show them: :class:`PlainPrinter` (a log or a pipe: one line per change, never per poll, never
 ANSI) and :class:`RichPrinter` (a TTY: one live block redrawn in place, ``rich.live``). Login-node code.
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from hpc_agent.review_live import duration
+from hpc_agent.runs.live import duration
 
 QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
 
@@ -158,7 +158,7 @@ class RichPrinter:
 def chatter() -> Callable[[str], None]:
     """Where progress lines go: the ``hpc_agent`` logger when a command configured it (``cli_common``: ``-q``
     silences progress, never the result), else stdout."""
-    log = logging.getLogger("hpc_agent.progress")
+    log = logging.getLogger("hpc_agent.runs.progress")
     if logging.getLogger("hpc_agent").handlers:
         return log.info
     return lambda text: print(text, flush=True)
@@ -167,7 +167,7 @@ def chatter() -> Callable[[str], None]:
 def make_printer(stream: Optional[TextIO] = None, every_s: float = 10.0):
     """Rich on a terminal, plain lines otherwise (a pipe, a file, CI, or rich missing); nothing under ``-q``."""
     if stream is None and logging.getLogger("hpc_agent").handlers and \
-            not logging.getLogger("hpc_agent.progress").isEnabledFor(logging.INFO):
+            not logging.getLogger("hpc_agent.runs.progress").isEnabledFor(logging.INFO):
         return PlainPrinter(lambda text: None, every_s)
     if getattr(stream or sys.stdout, "isatty", lambda: False)():
         try:

@@ -17,7 +17,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 from hpc_agent.slurm.sacct import SACCT_FIELDS
 
 ALLOWED = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "sinfo", "srun",  # srun: doctor's bounded probe
-           "sacctmgr")  # read-only `list`: doctor --profile's account/qos check (hpc_agent/doctor_profile.py)
+           "sacctmgr")  # read-only `list`: doctor --profile's account/qos check (hpc_agent/checks/profile_fit.py)
 CLUSTERS_ENV = "HPC_AGENT_CLUSTERS"
 """The run-wide ``--clusters`` (Slurm's ``-M``): set by a command's ``--clusters`` flag or by the user, read
 at every call, and inherited by the processes hpc_agent starts (chaos's submit and watcher, the job)."""
@@ -121,7 +121,7 @@ class SlurmCLI:
         return self.run(signal_argv(job_id, signal_name))
 
     def sacct_probe(self) -> Result:
-        """The one ``sacct --json`` probe of a watcher (hpc_agent.observe.SacctSource)."""
+        """The one ``sacct --json`` probe of a watcher (hpc_agent.watcher.observe.SacctSource)."""
         return self.run(JSON_PROBE, check=False)
 
 
@@ -138,7 +138,7 @@ def sacct_argv(ids: Sequence[str], fields: Sequence[str], as_json: bool) -> List
 def sbatch_test_argv(slurm: Any, profile: Any = None) -> List[str]:
     """``sbatch --test-only`` with the job's real resources (submits nothing), GPUs asked for in the
     profile's style: the same option the job script carries (hpc_agent.config.profile.gpu_request). Here, below
-    the CLIs, because doctor and placement (hpc_agent.placement_facts, one per partition) both ask it."""
+    the CLIs, because doctor and placement (hpc_agent.slurm.partition_facts, one per partition) both ask it."""
     # Imported here: every Slurm call (the watcher's, the job's) loads this module; few need the config.
     from hpc_agent.config.profile import Profile, gpu_request
 

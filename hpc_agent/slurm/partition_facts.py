@@ -1,6 +1,6 @@
 """The facts behind ``submit --place auto``: what each partition offers and when Slurm would start the job there.
 
-This is the thin I/O side of placement (:mod:`hpc_agent.placement` decides, :mod:`hpc_agent.placement_options`
+This is the thin I/O side of placement (:mod:`hpc_agent.policy.partitions` decides, :mod:`hpc_agent.policy.partition_options`
 turns these facts into candidates). It asks Slurm twice over, and no more:
 
 1. ONE ``sinfo`` call (:func:`hpc_agent.slurm.sinfo.partitions_argv`) lists every partition with its nodes,
@@ -27,8 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.slurm.cli import SlurmError, sbatch_test_argv
-from hpc_agent.slurm.sinfo import (gpu_gib_from_gres, gpu_types_in_gres, gpus_in_gres, parse_partitions,
-                                   partitions_argv)
+from hpc_agent.slurm.sinfo import gpu_gib_from_gres, gpu_types_in_gres, gpus_in_gres, parse_partitions, partitions_argv
 
 NOTE_CHARS = 300
 """A note is shown in a table cell and kept in the audit trail: one line, bounded."""

@@ -28,7 +28,7 @@ from hpc_agent.slurm.hostlist import expand_hostlist
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
 # The watcher's: no Elapsed, which nothing reads and which changes every second for a running job, so a
 # running job's lines stay the same from tick to tick and its parse is reused (``attempt_cache.AttemptCache``). Submit
-# (fixed per attempt) tells an older job that had the same id from the run's own (hpc_agent/job_match.py).
+# (fixed per attempt) tells an older job that had the same id from the run's own (hpc_agent/slurm/job_match.py).
 WATCH_FIELDS = tuple(f for f in SACCT_FIELDS if f != "Elapsed") + ("Submit",)
 
 STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "COMPLETING", "CONFIGURING", "DEADLINE", "FAILED",

@@ -9,7 +9,7 @@ written from it) through :func:`record_action`, the one place that shapes them::
 
 ``decided_in`` is the seq of the decision record that asked for the action (the watcher's), and the
 decision's ``attempt`` and ``cause`` are copied, so ``review`` merges both into one attempt boundary.
-Who acts: the watcher (``hpc_agent.effects.Carrier`` records every effect it carries out), a sweep driver
+Who acts: the watcher (``hpc_agent.watcher.effects.Carrier`` records every effect it carries out), a sweep driver
 (submit, release, cancel) and the submit CLI (submit).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def action_record(action: str, job_id: str, reason: str, by: Mapping[str, Any], 
                   config_diff: Optional[Mapping[str, Any]] = None, **extra: Any) -> Dict[str, Any]:
     """One action's audit record (pure). An action not in :data:`ACTIONS` is a programming error."""
     if action not in ACTIONS:
-        raise ValueError(f"unknown action {action!r}: declare it in hpc_agent.audit.ACTIONS")
+        raise ValueError(f"unknown action {action!r}: declare it in hpc_agent.state.audit.ACTIONS")
     if by.get("process") not in PROCESSES:
         raise ValueError(f"unknown process {by.get('process')!r}: one of {PROCESSES}")
     return {**extra, "action": action, "job_id": str(job_id), "reason": reason, "result": result,

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hpc_agent.filemodes import open_created
-from hpc_agent.fsutil import pid_alive
-from hpc_agent.ledger import Ledger
-from hpc_agent.rundir import events_path, read_tail
+from hpc_agent.core.filemodes import open_created
+from hpc_agent.core.fsutil import pid_alive
+from hpc_agent.core.rundir import events_path, read_tail
+from hpc_agent.state.ledger import Ledger
 
 EVENTS_TAIL_BYTES = 256 * 1024  # enough to hold the last lines we may have appended before a crash
 
@@ -48,7 +48,7 @@ class Journal:
         self.ledger, self.db, self.lease = ledger, ledger.db, lease
 
     def commit(self, run_id: str, expected_phase: str, outcome) -> bool:
-        """Write a :class:`hpc_agent.follow.Outcome` atomically; False (nothing written) when the run's
+        """Write a :class:`hpc_agent.watcher.follow.Outcome` atomically; False (nothing written) when the run's
         phase changed under us or the attempt was already decided (then another writer acted)."""
         ledger, now = self.ledger, self.ledger.clock()
         with ledger.transaction():
@@ -135,7 +135,7 @@ class Journal:
 
     def rebuild_events(self, run_id: str, run_dir: Path, time_of) -> int:
         """Rewrite events.jsonl from the journal alone (atomically); returns the number of lines."""
-        from hpc_agent.fsutil import atomic_write_text
+        from hpc_agent.core.fsutil import atomic_write_text
 
         rows = self.audit_records(run_id)
         atomic_write_text(events_path(run_dir), "".join(_line(run_id, seq, at, rec, time_of) for seq, at, rec in rows))
@@ -177,7 +177,7 @@ def _seqs_in(path: Path) -> set:
 
 def _append(path: Path, text: str) -> None:
     """One write() on a regular file opened O_APPEND without following links (lines never interleave),
-    created with the run directory's mode (0600, or 0640 where it is group-shared: hpc_agent.filemodes)."""
+    created with the run directory's mode (0600, or 0640 where it is group-shared: hpc_agent.core.filemodes)."""
     fd = open_created(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NONBLOCK", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

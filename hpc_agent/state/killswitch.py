@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hpc_agent import exit_status
-from hpc_agent.ledger import LEDGER_FILE
+from hpc_agent.cli import exit_status
+from hpc_agent.state.ledger import LEDGER_FILE
 
 PAUSE_FILE = "watch.paused"
 EXIT_OK, EXIT_USAGE = exit_status.OK, exit_status.USAGE
@@ -63,7 +63,7 @@ def not_a_runs_root(runs_root: Path) -> Optional[str]:
 
 def switch(runs_root: Path, pause: bool, out=print, err=lambda text: print(text, file=sys.stderr)) -> int:
     """``--pause`` / ``--resume`` for a CLI: 0 when done, 2 (nothing created) when the root is not a runs root."""
-    from hpc_agent.fsutil import atomic_write_text
+    from hpc_agent.core.fsutil import atomic_write_text
 
     problem = not_a_runs_root(runs_root)
     if problem is not None:

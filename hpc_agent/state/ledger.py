@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from hpc_agent.ledger_schema import SCHEMA
+from hpc_agent.state.ledger_schema import SCHEMA
 
 if TYPE_CHECKING:
-    from hpc_agent.lifecycle import Event, Phase
+    from hpc_agent.state.lifecycle import Event, Phase
 
 
 LEDGER_FILE = "ledger.sqlite"
@@ -31,10 +31,10 @@ SIDECARS = ("-journal", "-wal", "-shm")
 
 def _create_private(path: Path) -> None:
     """Create the database file (and its folder) with the mode the runs root calls for (0600, or 0640 in
-    a group-shared root: hpc_agent.filemodes) before SQLite opens it: SQLite would create it 0644 minus the
+    a group-shared root: hpc_agent.core.filemodes) before SQLite opens it: SQLite would create it 0644 minus the
     umask, and gives its -journal/-wal/-shm files the database's mode. An existing ledger (and sidecar)
     is brought to that mode too."""
-    from hpc_agent.filemodes import file_mode_in, make_dir, open_created, set_mode
+    from hpc_agent.core.filemodes import file_mode_in, make_dir, open_created, set_mode
 
     make_dir(path.parent)
     mode = file_mode_in(path.parent)
@@ -92,7 +92,7 @@ class Ledger:
         self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         # WAL only on a local file system: its -shm index is shared memory, which NFS/Lustre/GPFS do not
         # share between hosts. ``journal_mode`` says which mode was chosen and why (watch prints it).
-        from hpc_agent.fsutil import sqlite_journal_mode
+        from hpc_agent.core.fsutil import sqlite_journal_mode
 
         mode, why = sqlite_journal_mode(self.path.parent)
         self.db.execute(f"PRAGMA journal_mode={mode}")
@@ -174,7 +174,7 @@ class Ledger:
     def advance(self, run_id: str, event: "Event") -> "Phase":
         """Move a run along the lifecycle: its current phase plus ``event`` -> the next phase, written and
         returned. Raises ``InvalidTransition`` for an edge that does not exist."""
-        from hpc_agent.lifecycle import Phase, transition
+        from hpc_agent.state.lifecycle import Phase, transition
 
         run = self.run(run_id)
         if run is None:
@@ -231,7 +231,7 @@ class Ledger:
         """``(run id, phase, newest job id, its intent_at)`` of every run in these phases, oldest run first: one
         query, plain tuples (a tick over ten thousand runs builds no object for a run that needs nothing).
         ``intent_at`` is what the watcher matches sacct records against (a reused job id can list an older
-        job first; hpc_agent/job_match.py)."""
+        job first; hpc_agent/slurm/job_match.py)."""
         marks = ",".join("?" * len(phases))
         return self.db.execute(
             "SELECT r.run_id, r.phase, s.job_id, s.intent_at FROM runs r JOIN submissions s ON s.id = "

@@ -1,4 +1,4 @@
-"""The ledger's tables (``hpc_agent/ledger.py`` creates them, idempotently, whenever it opens a ledger).
+"""The ledger's tables (``hpc_agent/state/ledger.py`` creates them, idempotently, whenever it opens a ledger).
 
 The statements are ``CREATE ... IF NOT EXISTS``: opening an existing ledger changes nothing. There are no
 migrations, so a column added to an existing table would need one.
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS expedites (
     at       REAL NOT NULL,
     PRIMARY KEY(job_id, attempt)
 );
--- The effect journal (hpc_agent/journal.py): what a decision asks to be done, written in the decision's
+-- The effect journal (hpc_agent/state/journal.py): what a decision asks to be done, written in the decision's
 -- transaction, carried out afterwards and marked done; a pending row is carried out on the next tick.
 CREATE TABLE IF NOT EXISTS effects (
     id               INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -74,7 +74,7 @@ CREATE TABLE IF NOT EXISTS audit (
     written  INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS audit_unwritten ON audit(written, run_id);
--- Hang suspicions (hpc_agent/follow_hang.py): stacks asked of a running attempt, one row per attempt.
+-- Hang suspicions (hpc_agent/watcher/follow_hang.py): stacks asked of a running attempt, one row per attempt.
 CREATE TABLE IF NOT EXISTS hang_suspicions (
     job_id    TEXT NOT NULL,
     attempt   INTEGER NOT NULL,
@@ -84,7 +84,7 @@ CREATE TABLE IF NOT EXISTS hang_suspicions (
     active    INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY(job_id, attempt)
 );
--- Notifications (hpc_agent/notify.py): a row per event, written before it is sent (with the audit cursor it
+-- Notifications (hpc_agent/watcher/notifier.py): a row per event, written before it is sent (with the audit cursor it
 -- was derived up to), so a restarted watcher never sends one twice.
 CREATE TABLE IF NOT EXISTS notifications (
     key      TEXT PRIMARY KEY,
@@ -98,7 +98,7 @@ CREATE TABLE IF NOT EXISTS notify_cursor (
     one  INTEGER PRIMARY KEY CHECK (one = 1),
     seq  INTEGER NOT NULL
 );
--- One watcher per runs root: a lease with a heartbeat (hpc_agent/journal.py WatcherLease).
+-- One watcher per runs root: a lease with a heartbeat (hpc_agent/state/journal.py WatcherLease).
 CREATE TABLE IF NOT EXISTS watcher_lease (
     one        INTEGER PRIMARY KEY CHECK (one = 1),
     holder     TEXT NOT NULL,

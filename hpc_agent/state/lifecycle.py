@@ -1,10 +1,10 @@
 """One state machine for a run's life: ``transition(phase, event) -> phase``.
 
 Pure: no I/O, no clock. Every phase change of a run goes through :func:`transition` (``Ledger.advance``, and
-the watcher's pure core, ``hpc_agent.follow``, for the phase it journals). Every edge is listed in ``EDGES``;
+the watcher's pure core, ``hpc_agent.watcher.follow``, for the phase it journals). Every edge is listed in ``EDGES``;
 an event that has no edge from the current phase is a bug in the caller and raises :class:`InvalidTransition`
 instead of being silently ignored. What to *do* on an edge (requeue, expedite, resubmit, notify) is the
-follow core's decision: its effects (``hpc_agent.follow_model.Effect``) are the only effects there are.
+follow core's decision: its effects (``hpc_agent.watcher.follow_model.Effect``) are the only effects there are.
 
     submitting --submitted/found--> pending --started--> running --completed--> completed
         |                             |  ^                  |
@@ -95,7 +95,7 @@ EDGES: Dict[Tuple[Phase, EventKind, Optional[Action]], Phase] = {
     (Phase.RECOVERING, EventKind.QUEUED, None): Phase.RECOVERING,
     (Phase.RECOVERING, EventKind.ENDED, Action.STOP): Phase.STOPPED,  # e.g. budget spent while retrying
     (Phase.NEEDS_ATTENTION, EventKind.RESUMED, None): Phase.PENDING,  # the next tick looks at sacct afresh
-    # The job handed over to a successor job (hpc_agent/handback.py): the run follows that job, queued or not yet
+    # The job handed over to a successor job (hpc_agent/core/handback.py): the run follows that job, queued or not yet
     # seen running.
     (Phase.PENDING, EventKind.HANDED_OVER, None): Phase.PENDING,
     (Phase.RUNNING, EventKind.HANDED_OVER, None): Phase.PENDING,

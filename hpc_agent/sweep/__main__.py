@@ -22,13 +22,15 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent import exit_status, killswitch, rundir
-from hpc_agent.cli_common import add_common_arguments, configure
+from hpc_agent.cli import exit_status
+from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.config.load import load_config, to_yaml
-from hpc_agent.config.profile import PROFILE_ENV
 from hpc_agent.config.problems import ConfigError, Problem
-from hpc_agent.extras import MissingExtra, require
+from hpc_agent.config.profile import PROFILE_ENV
+from hpc_agent.core import rundir
+from hpc_agent.core.extras import MissingExtra, require
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+from hpc_agent.state import killswitch
 from hpc_agent.sweep.spec import SweepSpec, parse_spec, trial_overrides, trial_run_id
 
 EXIT_OK, EXIT_CONFIG, EXIT_SLURM, EXIT_LOCKED, EXIT_PAUSED = (exit_status.OK, exit_status.USAGE, exit_status.SLURM,
@@ -112,8 +114,8 @@ def start_study(spec: SweepSpec, args, url: str, sweep_dir: Path, runs_root: Pat
     failed with "table ... already exists" (seen as a sweep driver dying at start-up while a
     review polled it).
     """
-    from hpc_agent.fsutil import atomic_write_json
-    from hpc_agent.review_sweep import SWEEP_FILE
+    from hpc_agent.core.fsutil import atomic_write_json
+    from hpc_agent.sweep.trials_table import SWEEP_FILE
 
     study = open_study(spec, url, max_steps)
     atomic_write_json(sweep_dir / SWEEP_FILE, {
@@ -172,9 +174,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("sbatch is not on PATH: sweeps run their trials on Slurm.", file=sys.stderr)
         return EXIT_SLURM
 
-    from hpc_agent.filemodes import make_dir
-    from hpc_agent.fsutil import hold_lock
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.core.filemodes import make_dir
+    from hpc_agent.core.fsutil import hold_lock
+    from hpc_agent.state.ledger import Ledger
     from hpc_agent.sweep.driver import SweepDriver
 
     make_dir(rundir.slurm_dir(sweep_dir))  # 0700 (0750 in a group-shared runs root), whatever the umask

@@ -16,9 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
-from hpc_agent import audit, rundir
-from hpc_agent.journal import Journal
+from hpc_agent.core import rundir
 from hpc_agent.slurm.cli import SlurmError
+from hpc_agent.state import audit
+from hpc_agent.state.journal import Journal
 from hpc_agent.sweep.batch import (TrialJob, find_array, held_arrays, register_trial, release_array, restore_pickles,
                                    task_job_id)
 from hpc_agent.sweep.spec import distributions, trial_run_id

@@ -34,14 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from hpc_agent import audit, rundir
 from hpc_agent.config.schema import Config
-from hpc_agent.fsutil import atomic_write_json
-from hpc_agent.job_match import JOB_NAME_PREFIX
-from hpc_agent.journal import Journal
-from hpc_agent.launcher import activation_lines, fill, load_template, render_args, slurm_parameters
+from hpc_agent.core import rundir
+from hpc_agent.core.fsutil import atomic_write_json
+from hpc_agent.jobs.executor import activation_lines, fill, load_template, render_args, slurm_parameters
 from hpc_agent.slurm.cli import SlurmError
+from hpc_agent.slurm.job_match import JOB_NAME_PREFIX
 from hpc_agent.slurm.sacct import parse_sacct
+from hpc_agent.state import audit
+from hpc_agent.state.journal import Journal
 
 TRIAL_ENV = {"run_dir": "HPC_AGENT_TRIAL_RUN_DIR", "run_id": "HPC_AGENT_TRIAL_RUN_ID",
              "config": "HPC_AGENT_TRIAL_CONFIG"}
@@ -94,7 +95,7 @@ def array_setup(lines: Sequence[str], jobs: Sequence[TrialJob]) -> List[str]:
     that a ``case`` on ``$SLURM_ARRAY_TASK_ID`` sets per task (the template renders them per run)."""
     import shlex
 
-    from hpc_agent.paths import code_root
+    from hpc_agent.core.paths import code_root
 
     # One pass (launcher.fill): a value put in is never scanned for placeholders again.
     shell_words = {key: f'"${{{var}}}"' for key, var in TRIAL_ENV.items()}
@@ -113,7 +114,7 @@ def array_setup(lines: Sequence[str], jobs: Sequence[TrialJob]) -> List[str]:
 
 def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int) -> Dict:
     """submitit parameters for the array: the first trial's slurm section (a sweep never varies slurm.*)."""
-    from hpc_agent.paths import code_root
+    from hpc_agent.core.paths import code_root
 
     first = jobs[0]
     if first.cfg.container.runtime != "none":  # each trial would need its own mounts: not supported yet
@@ -136,9 +137,9 @@ def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel:
 
 def submit_array(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel: int, folder: Path) -> List[str]:
     """sbatch one array (or a plain job for a batch of one); returns the job ids in trial order."""
-    from hpc_agent.containers import job_python
+    from hpc_agent.jobs.containers import job_python
     from hpc_agent.slurm.submitit_timeout import TimedSlurmExecutor  # submitit's, with sbatch bounded
-    from hpc_agent.submission import training_job
+    from hpc_agent.jobs.submission import training_job
 
     executor = TimedSlurmExecutor(folder=folder, python=job_python(jobs[0].cfg, {}))  # slurm.python, else this one
     executor.update_parameters(**array_parameters(jobs, sweep, batch, parallel))
@@ -160,14 +161,14 @@ def release_array(slurm, job_ids: Sequence[str]) -> None:
 _TEMP_PICKLE = re.compile(r"[0-9a-f]{32}\.pkl")  # submitit's name for a pickle not yet given its job id
 # The only globals our task pickles name (DelayedSubmission around the TrainingJob submitit runs): a file
 # naming any other (os.system, builtins.open ...) is not ours, whatever strings it carries.
-_TASK_GLOBALS = frozenset({("submitit.core.utils", "DelayedSubmission"), ("hpc_agent.job", "TrainingJob")})
+_TASK_GLOBALS = frozenset({("submitit.core.utils", "DelayedSubmission"), ("launch.job", "TrainingJob")})
 
 
 def temp_pickle_run_dir(path: Path, run_dirs: Sequence[str]) -> Optional[str]:
     """Which of ``run_dirs`` the temporary task pickle at ``path`` is for, read from its opcodes (never
-    unpickled: the folder is job-writable, see ``hpc_agent.pickle_scan``). None for a torn, foreign or
+    unpickled: the folder is job-writable, see ``hpc_agent.core.pickle_scan``). None for a torn, foreign or
     ambiguous file, a link or a FIFO."""
-    from hpc_agent.pickle_scan import scan
+    from hpc_agent.core.pickle_scan import scan
 
     try:
         text = scan(path)
@@ -258,9 +259,9 @@ def link_logs(sweep_slurm: Path, run_dir: Path, job_id: str, ranks: int) -> None
 
 def register_trial(ledger, job: TrialJob, job_id: str, sweep: str, batch: str, sweep_slurm: Path) -> None:
     """Enter a submitted trial in the runs ledger and its run.json (idempotent: adoption may repeat it)."""
-    from hpc_agent.lifecycle import Event, EventKind, Phase
-    from hpc_agent.rundir import read_run_json
-    from hpc_agent.submission import update_run_json
+    from hpc_agent.state.lifecycle import Event, EventKind, Phase
+    from hpc_agent.core.rundir import read_run_json
+    from hpc_agent.jobs.submission import update_run_json
 
     # One transaction: a driver killed half-way must not leave a submission row without its job id, which
     # the watcher would "reconcile" by name (hpc_agent:<run id>), not find, and submit a second time.

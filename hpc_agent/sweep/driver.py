@@ -15,11 +15,11 @@ One loop, resumable at any point because every step is recorded before it is act
 
 A restarted driver first adopts what a killed one left: ``adopt.py``.
 
-The kill switch (``python -m hpc_agent.watch --pause``, ``hpc_agent.killswitch``) is checked at every turn
+The kill switch (``python -m hpc_agent.watch --pause``, ``hpc_agent.state.killswitch``) is checked at every turn
 of the loop and right before every ask-and-submit, release and cancel: a paused runs root raises
-:class:`~hpc_agent.killswitch.Paused` before the action, with everything done so far recorded, so the same
+:class:`~hpc_agent.state.killswitch.Paused` before the action, with everything done so far recorded, so the same
 sweep command continues after ``--resume``. Each submit and cancel writes an action record
-(``hpc_agent.audit``) to the trial run's audit trail.
+(``hpc_agent.state.audit``) to the trial run's audit trail.
 """
 from __future__ import annotations
 
@@ -30,15 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hpc_agent import audit, killswitch, rundir
 from hpc_agent.config.load import load_config, write_run_config
-from hpc_agent.filemodes import make_dir
-from hpc_agent.journal import Journal
-from hpc_agent.lifecycle import TERMINAL, Event, EventKind, Phase
+from hpc_agent.core import rundir
+from hpc_agent.core.filemodes import make_dir
+from hpc_agent.jobs.submission import crash_point
 from hpc_agent.metrics.tb_reader import Point, RunScalars
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
-from hpc_agent.submission import crash_point
+from hpc_agent.state import audit, killswitch
+from hpc_agent.state.journal import Journal
+from hpc_agent.state.lifecycle import TERMINAL, Event, EventKind, Phase
 from hpc_agent.sweep import adopt as adoption
 from hpc_agent.sweep.batch import TrialJob, register_trial, release_array, submit_array
 from hpc_agent.sweep.spec import SweepSpec, distributions, trial_overrides, trial_run_id

@@ -1,19 +1,19 @@
 """What a sweep driver does on each turn besides ask/tell: the embedded watcher and the live progress.
 
 A sweep never waits on a watcher that is not there: on each turn it steps an
-:class:`hpc_agent.embedded_watch.EmbeddedWatch`, which ticks the watcher in this process when no watcher
+:class:`hpc_agent.watcher.embedded.EmbeddedWatch`, which ticks the watcher in this process when no watcher
 holds the runs root's lease, and only observes when one does. Failed trials are therefore judged (and
-told FAIL) within a few polls. Then every followed trial's progress is shown (``hpc_agent.progress``).
+told FAIL) within a few polls. Then every followed trial's progress is shown (``hpc_agent.runs.progress``).
 The final summary counts both the study's trial states and the trials' runs' phases in the ledger.
 """
 from __future__ import annotations
 
 from typing import Dict, Optional, TextIO
 
-from hpc_agent.embedded_watch import EmbeddedWatch
-from hpc_agent.progress import Tracker
-from hpc_agent.progress_view import chatter, make_printer
+from hpc_agent.runs.progress import Tracker
+from hpc_agent.runs.progress_view import chatter, make_printer
 from hpc_agent.sweep.trial_attrs import A_RUN_ID
+from hpc_agent.watcher.embedded import EmbeddedWatch
 
 
 class SweepLive:

@@ -51,7 +51,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], direction: str, startup_trials:
 
 def load_rows(sweep_dir: Path) -> Dict[str, Any]:
     """The sweep's description and trial rows, read from its Optuna storage."""
-    from hpc_agent.extras import require
+    from hpc_agent.core.extras import require
 
     optuna = require("optuna", "sweep", "reviewing a sweep")
 

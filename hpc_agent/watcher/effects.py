@@ -7,7 +7,7 @@ instead of calling sbatch again, and only when Slurm has no such job and the int
 sbatch still in flight could be does it submit.
 
 Every effect carried out (``notify`` aside: it changes nothing outside our log) writes an action record
-(``hpc_agent.audit``: who, what, why, config diff) in the transaction that marks it done, so each action
+(``hpc_agent.state.audit``: who, what, why, config diff) in the transaction that marks it done, so each action
 is in the audit trail exactly once, however often a crash made it run.
 """
 from __future__ import annotations
@@ -17,16 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hpc_agent import audit, rundir
-from hpc_agent.checkpoints import set_aside_after
 from hpc_agent.config.load import apply_patch, load_run_config, write_run_config
-from hpc_agent.job_match import job_name_for
-from hpc_agent.journal import EffectRow
-from hpc_agent.ledger import Ledger, Run, Submission
-from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase
+from hpc_agent.core import rundir
+from hpc_agent.core.checkpoint_format import set_aside_after
+from hpc_agent.jobs.submission import SubmittedButIncomplete, crash_point
 from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S
+from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.slurm.queries import jobs_named, queue_state
-from hpc_agent.submission import SubmittedButIncomplete, crash_point
+from hpc_agent.state import audit
+from hpc_agent.state.journal import EffectRow
+from hpc_agent.state.ledger import Ledger, Run, Submission
+from hpc_agent.state.lifecycle import FOLLOWED, Event, EventKind, Phase
 
 INTENT_GRACE_S = SBATCH_IN_FLIGHT_S  # the default; watch --intent-grace sets it
 
@@ -90,7 +91,7 @@ def _cancel(ctx: Context, run: Run, e: EffectRow) -> str:
 
 
 def _request_stacks(ctx: Context, run: Run, e: EffectRow) -> str:
-    from hpc_agent.heartbeat import STACK_SIGNAL_NAME
+    from hpc_agent.core.heartbeat_format import STACK_SIGNAL_NAME
     from hpc_agent.slurm.cli import signal_argv
 
     signal_job = getattr(ctx.slurm, "signal_job", None)
@@ -117,7 +118,7 @@ def _release_lease(ctx: Context, run: Run, e: EffectRow) -> str:
     """The run lease of the job just ended, moved aside: Slurm says the job is gone (``await_end`` ran
     before), so its lease is dead and the next attempt need not wait for it to go stale. A lease of any
     other job is left alone."""
-    from hpc_agent.runlease import move_aside_if, read_holder
+    from hpc_agent.core.runlease import move_aside_if, read_holder
 
     path = rundir.lease_path(Path(run.run_dir))
     holder = read_holder(path)
@@ -166,7 +167,7 @@ def _resubmit(ctx: Context, run: Run, e: EffectRow) -> str:
 
 
 def _adopt(ctx: Context, run: Run, e: EffectRow) -> str:
-    """The run follows the successor job its job submitted at a preemption (hpc_agent/handback.py): a submission
+    """The run follows the successor job its job submitted at a preemption (hpc_agent/core/handback.py): a submission
     row with that job id, intent and job id in one transaction, so the next tick's sacct asks for it. Run twice
     (a crash before the journal marked it done), it finds the row and does nothing."""
     successor = str(e.args["successor"])
@@ -181,7 +182,7 @@ def _adopt(ctx: Context, run: Run, e: EffectRow) -> str:
         ctx.ledger.record_submitted(sub_id, successor)
     crash_point("after_adopt")
     try:  # run.json is for people and review (its job ids, its logs); the ledger has the truth
-        from hpc_agent.submission import update_run_json
+        from hpc_agent.jobs.submission import update_run_json
 
         run_dir = Path(run.run_dir)
         update_run_json(run_dir, run.run_id, executor, successor, Path(config_path), load_run_config(run_dir))

@@ -5,7 +5,7 @@ in 4 s waited 10 min on "the watcher's decision" and then reported them RUNNING)
 :meth:`EmbeddedWatch.step` from its own wait loop:
 
 * no watcher holds the runs root's lease (``journal.WatcherLease``): take it and run watcher ticks right
-  there, the same :class:`hpc_agent.watcher.Watcher` as ``python -m hpc_agent.watch``, same ledger, same
+  there, the same :class:`hpc_agent.watcher.loop.Watcher` as ``python -m hpc_agent.watch``, same ledger, same
   lease; released when the command ends (:meth:`close`);
 * a live watcher holds it (``hpc_agent.watch`` in another shell, a systemd unit, another ``--wait``): only
   observe; its decisions reach the ledger, where the command reads them;
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hpc_agent.journal import LeaseLost
+from hpc_agent.state.journal import LeaseLost
 
 OWN, OBSERVE = "own", "observe"
 
@@ -56,26 +56,26 @@ class EmbeddedWatch:
 
     # --- the defaults: the real lease and watcher -----------------------------------------------------------
     def _default_lease(self, ledger):
-        from hpc_agent.journal import WatcherLease
+        from hpc_agent.state.journal import WatcherLease
 
         return WatcherLease(ledger, ttl_s=self.lease_ttl_s)
 
     def _default_watcher(self, ledger, slurm, lease):
-        from hpc_agent import killswitch
-        from hpc_agent.policy import PolicyLimits
+        from hpc_agent.state import killswitch
+        from hpc_agent.policy.decide import PolicyLimits
         from hpc_agent.slurm.cli import SlurmError
         from hpc_agent.slurm.sinfo import max_node_memory_mb, node_memory_argv
-        from hpc_agent.watcher import Watcher
+        from hpc_agent.watcher.loop import Watcher
 
         try:  # as `watch` does: a memory repair never asks for more than the largest node has
             max_mem = max_node_memory_mb(slurm.run(node_memory_argv(), check=False).stdout)
         except SlurmError:
             max_mem = None
-        from hpc_agent import notify
+        from hpc_agent.watcher import notifier
         from hpc_agent.config.problems import ConfigError
 
         try:  # the runs-root notifier default, as `watch` takes it without flags; each run's notify: wins
-            default = notify.default_from_env()
+            default = notifier.default_from_env()
         except ConfigError as exc:
             print(f"[embedded watch] notifier variables ignored: {exc}", file=sys.stderr, flush=True)
             default = None
@@ -86,7 +86,7 @@ class EmbeddedWatch:
     @property
     def ledger(self):
         if self._ledger is None:
-            from hpc_agent.ledger import Ledger
+            from hpc_agent.state.ledger import Ledger
 
             self._ledger = Ledger.in_runs_root(self.runs_root)
         return self._ledger
@@ -158,8 +158,8 @@ class EmbeddedWatch:
 def lease_holder(runs_root: Path) -> Optional[dict]:
     """The live watcher holding the runs root's lease, or None (no ledger yet, no lease, or an expired or
     dead holder's). Reads only."""
-    from hpc_agent.journal import WatcherLease
-    from hpc_agent.ledger import LEDGER_FILE, Ledger
+    from hpc_agent.state.journal import WatcherLease
+    from hpc_agent.state.ledger import LEDGER_FILE, Ledger
 
     if not (Path(runs_root) / LEDGER_FILE).exists():
         return None

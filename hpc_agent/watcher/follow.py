@@ -2,7 +2,7 @@
 
 No I/O, no clock: everything it needs is in its arguments, so every edge is table-tested
 (tests/test_follow.py) and a decision can be replayed from the ledger plus the recorded sacct text.
-The watcher (``hpc_agent/watcher.py``) observes, calls :func:`follow`, journals the outcome in one
+The watcher (``hpc_agent/watcher/loop.py``) observes, calls :func:`follow`, journals the outcome in one
 ledger transaction, then carries the effects out. Every phase change goes through
 ``lifecycle.transition``.
 
@@ -15,16 +15,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.diagnosis.causes import Cause
+from hpc_agent.core.causes import Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import gpu_capacity_bytes
-from hpc_agent.follow_hang import config_value as _get, open_suspicion, running
+from hpc_agent.watcher.follow_hang import config_value as _get, open_suspicion, running
 # The core's values are re-exported: callers import the core and its data from one place.
-from hpc_agent.follow_model import (NOT_ASKED, Effect, Exclude, Expedite,
-                                    Adopt, Cancel, Notify, Observation, Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState,
-                                    Wants)
-from hpc_agent.lifecycle import Action, Event, EventKind, Phase, transition
-from hpc_agent.policy import DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation, decide
+from hpc_agent.watcher.follow_model import (NOT_ASKED, Effect, Exclude, Expedite, Adopt, Cancel, Notify, Observation,
+                                            Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState, Wants)
+from hpc_agent.state.lifecycle import Action, Event, EventKind, Phase, transition
+from hpc_agent.policy.decide import (DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation,
+                                     decide)
 from hpc_agent.config.load import apply_patch
 from hpc_agent.slurm.sacct import Attempt
 
@@ -123,7 +123,7 @@ def follow(state: RunState, obs: Observation, limits: PolicyLimits = PolicyLimit
 
 
 def _handed_over(state: RunState, successor: str) -> Outcome:
-    """The job submitted its successor at a preemption and requeued itself held (hpc_agent/handback.py):
+    """The job submitted its successor at a preemption and requeued itself held (hpc_agent/core/handback.py):
     follow the successor from now on, and cancel the held job (it never starts by itself). Checked before
     the attempt's end is judged: the held job must not be expedited, nor its cancel read as a person's."""
     phase = transition(state.phase, Event(EventKind.HANDED_OVER, state.job_id))

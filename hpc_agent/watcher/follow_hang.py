@@ -1,4 +1,4 @@
-"""The watcher's pure core for a *running* attempt that may be hung (called by ``hpc_agent.follow``).
+"""The watcher's pure core for a *running* attempt that may be hung (called by ``hpc_agent.watcher.follow``).
 
 Two ticks, so the evidence holds the stuck ranks' Python stacks:
 
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.diagnosis.causes import Cause
+from hpc_agent.core.causes import Cause
 from hpc_agent.diagnosis.hang import StackGroups, group_stacks, main_thread
-from hpc_agent.follow_model import (AwaitEnd, Cancel, Live, Notify, Observation, Outcome, ReleaseLease, RequestStacks,
-                                    Resubmit, RunState, Suspicion)
-from hpc_agent.lifecycle import Action, Event, EventKind, transition
-from hpc_agent.policy import RESUBMIT, STOP, PolicyLimits, Situation, decide
+from hpc_agent.policy.decide import RESUBMIT, STOP, PolicyLimits, Situation, decide
 from hpc_agent.slurm.hostlist import expand_hostlist
 from hpc_agent.slurm.sacct import Attempt
+from hpc_agent.state.lifecycle import Action, Event, EventKind, transition
+from hpc_agent.watcher.follow_model import (AwaitEnd, Cancel, Live, Notify, Observation, Outcome, ReleaseLease,
+                                            RequestStacks, Resubmit, RunState, Suspicion)
 
 LOG_LINES = 6     # last log lines in the evidence
 STACK_FRAMES = 8  # frames of the majority's main thread in the evidence

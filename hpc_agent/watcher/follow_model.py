@@ -1,6 +1,6 @@
 """The values the watcher's pure core works on: the effects (data), a run's state, an observation, an outcome.
 
-``hpc_agent.follow`` computes with them; ``hpc_agent.journal`` stores them; ``hpc_agent.effects`` carries
+``hpc_agent.watcher.follow`` computes with them; ``hpc_agent.state.journal`` stores them; ``hpc_agent.watcher.effects`` carries
 the effects out. Plain frozen dataclasses: no I/O here.
 """
 from __future__ import annotations
@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from hpc_agent.config.schema import Config
-from hpc_agent.lifecycle import Phase
+from hpc_agent.core.rundir import LogText
 from hpc_agent.metrics.divergence import Alarm
-from hpc_agent.policy import PastAttempt
-from hpc_agent.rundir import LogText
+from hpc_agent.policy.decide import PastAttempt
 from hpc_agent.slurm.sacct import Attempt
+from hpc_agent.state.lifecycle import Phase
 
 
-# --- effects: data, carried out by hpc_agent/effects.py -------------------------------------------------
+# --- effects: data, carried out by hpc_agent/watcher/effects.py -------------------------------------------------
 @dataclass(frozen=True)
 class Effect:
     kind: str
@@ -95,7 +95,7 @@ class Suspicion:
 
 @dataclass(frozen=True)
 class Live:
-    """A running attempt's progress, read bounded each tick (``hpc_agent.observe.read_live``)."""
+    """A running attempt's progress, read bounded each tick (``hpc_agent.watcher.observe.read_live``)."""
 
     now: float
     verdict: Optional[Any] = None
@@ -157,7 +157,7 @@ class Observation:
     """The partitions' facts for a decision that may move the run (``placement.mode`` auto): a tuple of
     ``placement_facts.PartitionFacts``, ``()`` when they could not be gathered, NOT_ASKED until asked."""
     successor: Optional[str] = None
-    """For an attempt that is no longer running: the job id it handed over to (``hpc_agent.handback``), if any."""
+    """For an attempt that is no longer running: the job id it handed over to (``hpc_agent.core.handback``), if any."""
 
 
 NOT_ASKED = "?"

@@ -1,6 +1,6 @@
 """The job's own repairs, as the watcher records them: ``journal/in_job.jsonl`` -> ledger audit -> events.jsonl.
 
-The line format, and the reader that checks every field, are :mod:`hpc_agent.in_job`; the job also writes each
+The line format, and the reader that checks every field, are :mod:`hpc_agent.core.in_job_journal`; the job also writes each
 repair's patch into the run's ``config.yaml`` (``launch.recovery.carry_into_config``), the file every later
 attempt of the run loads.
 
@@ -17,8 +17,8 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from hpc_agent import rundir
-from hpc_agent.in_job import ADAPT_ACTION, InJobDecision, read
+from hpc_agent.core import rundir
+from hpc_agent.core.in_job_journal import ADAPT_ACTION, InJobDecision, read
 
 
 def audit_record(d: InJobDecision) -> Dict[str, Any]:

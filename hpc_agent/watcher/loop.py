@@ -1,9 +1,9 @@
 """The watcher: a thin interpreter around the pure core. Each tick: observe -> follow -> journal -> carry out.
 
 Observe: one batched sacct call for every followed run, plus (only for runs whose attempt ended or was
-requeued) squeue's word and bounded reads of the run's files. Follow: ``hpc_agent.follow.follow``.
+requeued) squeue's word and bounded reads of the run's files. Follow: ``hpc_agent.watcher.follow.follow``.
 Journal: the decision, its effects, its audit record and the new phase in one ledger transaction.
-Carry out: ``hpc_agent.effects``, each effect idempotently, then ``events.jsonl`` from the journal.
+Carry out: ``hpc_agent.watcher.effects``, each effect idempotently, then ``events.jsonl`` from the journal.
 Observing or deciding one run can fail in any way; that run goes to ``needs_attention`` with the reason
 in its audit trail, and every other run is still followed on the same tick.
 """
@@ -15,23 +15,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from hpc_agent import effects, killswitch, observe
 from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.profile import sacct_json_quirk
-from hpc_agent.follow import RUNNING_STATES, follow, wants
-from hpc_agent.follow_model import NOT_ASKED, Live, Observation, Outcome, RunState, Suspicion, Wants
-from hpc_agent.handback import handing_back, read_successor
-from hpc_agent.in_job_ingest import InJobIngest
-from hpc_agent.job_match import Claim, own_attempts
-from hpc_agent.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
-from hpc_agent.ledger import Ledger, Run
-from hpc_agent.lifecycle import FOLLOWED, Event, EventKind, Phase, transition
-from hpc_agent.notify import Notifier
-from hpc_agent.policy import PolicyLimits
+from hpc_agent.core.handback import handing_back, read_successor
+from hpc_agent.jobs.submission import crash_point, submit_attempt
+from hpc_agent.policy.decide import PolicyLimits
 from hpc_agent.slurm.attempt_cache import AttemptCache
+from hpc_agent.slurm.job_match import Claim, own_attempts
 from hpc_agent.slurm.queries import queue_state
-from hpc_agent.submission import crash_point, submit_attempt
+from hpc_agent.state import killswitch
+from hpc_agent.state.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
+from hpc_agent.state.ledger import Ledger, Run
+from hpc_agent.state.lifecycle import FOLLOWED, Event, EventKind, Phase, transition
+from hpc_agent.watcher import effects, observe
+from hpc_agent.watcher.follow import RUNNING_STATES, follow, wants
+from hpc_agent.watcher.follow_model import NOT_ASKED, Live, Observation, Outcome, RunState, Suspicion, Wants
+from hpc_agent.watcher.in_job import InJobIngest
+from hpc_agent.watcher.notifier import Notifier
 
 LIVE_PHASES = [p.value for p in FOLLOWED]
 
@@ -45,7 +46,7 @@ class TickReport:
     runs: int = 0
     unknown: bool = False
     paused: bool = False
-    handing_back: bool = False  # a job is being requeued and not yet expedited: poll fast (hpc_agent/handback.py)
+    handing_back: bool = False  # a job is being requeued and not yet expedited: poll fast (hpc_agent/core/handback.py)
     parked: List[str] = field(default_factory=list)
     lines: List[str] = field(default_factory=list)
 
@@ -73,7 +74,7 @@ class Watcher:
         self._own: Dict[str, Any] = {}  # job id -> (sacct's attempts, claim, the run's own): reused while unchanged
         self._said_foreign: set = set()
         self._scalars: Dict[str, Any] = {}  # per run, kept between ticks: each tick reads only new TB bytes
-        self.in_job = InJobIngest(ledger, self.journal, self._say)  # the job's own repairs (hpc_agent/in_job.py)
+        self.in_job = InJobIngest(ledger, self.journal, self._say)  # the job's own repairs (hpc_agent/core/in_job_journal.py)
         self._settings: Dict[str, Any] = {}  # job id -> its run's (resilience settings, watch.enabled, beats expected)
         # Notifications from the audit trail; ``notify``: the runs-root default (watch --notify-*), a run's own wins.
         self.notifier = Notifier(ledger, self.journal, self._say, notify, self.limits)
@@ -161,7 +162,7 @@ class Watcher:
         return report
 
     def _notify(self, step: Optional[Callable[..., Any]] = None, *args: Any) -> None:
-        """Notifications (hpc_agent/notify.py): a failing notifier, or a bug in one, is said and never stops a tick."""
+        """Notifications (hpc_agent/watcher/notifier.py): a failing notifier, or a bug in one, is said and never stops a tick."""
         try:
             (step or self.notifier.tick)(*args)
         except LeaseLost:
@@ -170,7 +171,7 @@ class Watcher:
             self.out(f"[watch {self._time()}] notifications failed ({type(exc).__name__}: {exc}); the watcher goes on")
 
     def _own_attempts(self, claim: Claim, attempts: List[Any]) -> Any:
-        """The run's own attempts among what sacct lists under its job id (hpc_agent/job_match.py), kept in
+        """The run's own attempts among what sacct lists under its job id (hpc_agent/slurm/job_match.py), kept in
         ``self._own`` so that the next tick gets the same object while sacct's answer is the same (the
         quiet-run shortcut relies on it). Another job's record is said, and audited, once per watcher."""
         run_id = claim.run_id
@@ -214,7 +215,7 @@ class Watcher:
     def _placement_facts(self, run_id: str, cfg, patch) -> tuple:
         """One sinfo and bounded ``sbatch --test-only`` calls for the run's config (``patch`` applied: e.g. the failed
         node excluded). ``()`` on any failure: the facts only improve a decision, the repair in place stands."""
-        from hpc_agent.placement_facts import collect
+        from hpc_agent.slurm.partition_facts import collect
         from hpc_agent.config.load import apply_patch
 
         try:
@@ -250,7 +251,7 @@ class Watcher:
             self._scalars[run.run_id] = scalars
             files = observe.read_files(Path(run.run_dir), state.job_id, scalars)
         live = self._live(run, state, attempts[-1], want.stacks) if want.live else None
-        # Did the job hand over to a successor (hpc_agent/handback.py)? One lstat, only once it stopped running.
+        # Did the job hand over to a successor (hpc_agent/core/handback.py)? One lstat, only once it stopped running.
         successor = None if attempts[-1].state in RUNNING_STATES else read_successor(run.run_dir, state.job_id)
         outcome = follow(state, Observation(tuple(attempts), queue, files, live, successor=successor), self.limits)
         if want in (Wants(), Wants(live=True)) and not outcome.ask_queue and outcome == Outcome(state.phase):

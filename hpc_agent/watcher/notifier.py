@@ -1,4 +1,4 @@
-"""Delivering notifications (the I/O half; which ones and what they say: ``hpc_agent/notify_events.py``).
+"""Delivering notifications (the I/O half; which ones and what they say: ``hpc_agent/watcher/notify_events.py``).
 
 Each tick the watcher calls :meth:`Notifier.tick`: the audit records since the ledger's notify cursor are
 turned into notifications; those the run's ``notify:`` section (else the watcher's runs-root default) asks
@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from hpc_agent.config.load import load_run_config
 from hpc_agent.config.notify import NotifyConfig, redact_url
-from hpc_agent.notify_events import Notification, notifications_for, paused_notification, wants_budget
+from hpc_agent.watcher.notify_events import Notification, notifications_for, paused_notification, wants_budget
 
 OUTPUT_TAIL = 300   # characters of a failed command's stderr kept in the log and audit
 BATCH = 1000        # audit records read per tick: a backlog is worked off over several ticks
@@ -207,8 +207,8 @@ class Notifier:
     def _budget(self, run_id: str, record: Dict[str, Any], cfg: Any):
         if cfg is None:
             return None
-        from hpc_agent.follow import history_from
-        from hpc_agent.policy import PolicyLimits, retries_left
+        from hpc_agent.watcher.follow import history_from
+        from hpc_agent.policy.decide import PolicyLimits, retries_left
 
         history = history_from(self.ledger.decisions(run_id))
         return retries_left(str(record.get("cause", "")), history, cfg, self.limits or PolicyLimits())

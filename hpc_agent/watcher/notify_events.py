@@ -1,8 +1,8 @@
 """Which notifications an audit record calls for, and what they say. Pure: no I/O, no clock.
 
-The audit trail is the truth of what the watcher decided (``hpc_agent/journal.py``), so notifications are
+The audit trail is the truth of what the watcher decided (``hpc_agent/state/journal.py``), so notifications are
 derived from it, one audit record at a time: ``notifications_for(seq, run_id, record, budget)``. The
-adapter (``hpc_agent/notify.py``) reads new records, records each notification in the ledger before
+adapter (``hpc_agent/watcher/notifier.py``) reads new records, records each notification in the ledger before
 sending it, and delivers it. Events:
 
 - ``completed``: the decision record of a finished run (``cause: completed``, ``action: done``);

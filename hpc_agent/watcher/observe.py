@@ -14,20 +14,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent import rundir
-from hpc_agent.checkpoints import complete_steps
 from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
+from hpc_agent.core import rundir
+from hpc_agent.core.checkpoint_format import complete_steps
 from hpc_agent.diagnosis.alarms import run_alarms
 from hpc_agent.diagnosis.hang import judge
-from hpc_agent.follow import history_from
-from hpc_agent.follow_model import Live, RunFiles, RunState
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.slurm.attempt_cache import AttemptCache
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
 from hpc_agent.slurm.sacct import WATCH_FIELDS, Attempt, SacctFormatError, group_attempts
 from hpc_agent.slurm.sacct_json import exit_codes_reliable, parse_sacct_json
+from hpc_agent.watcher.follow import history_from
+from hpc_agent.watcher.follow_model import Live, RunFiles, RunState
 
 TAIL_BYTES = 256 * 1024
 ALARM_TAGS = ("train/loss", "train/loss_scale")
@@ -53,7 +53,7 @@ def json_verdict(returncode: int, stdout: str) -> Tuple[bool, str]:
     if not exit_codes_reliable(doc):  # 22.05 reads SUCCESS/0 for a job that exited 3: the exit code table's
         # causes would be lost (measured on the localhost cluster, tests/test_slurm_contract.py)
         return False, (f"Slurm {found[0]}.{found[1]:02d}'s sacct --json drops exit codes: reading text "
-                       "(job names are checked against the run's, see hpc_agent/job_match.py)")
+                       "(job names are checked against the run's, see hpc_agent/slurm/job_match.py)")
     return True, f"Slurm {found[0]}.{found[1]:02d}: reading sacct --json"
 
 

@@ -3,7 +3,7 @@
 The run is over when the watcher says so in the ledger (completed, stopped, or parked in
 needs_attention), not when its first job leaves the queue: a preempted job is requeued, an OOM-ed one
 resubmitted as a new job, and the wait follows the run's newest job. The watcher is whichever holds the
-runs root's lease, else this process's own (``hpc_agent.embedded_watch``): nothing waits on a watcher
+runs root's lease, else this process's own (``hpc_agent.watcher.embedded``): nothing waits on a watcher
 that is not there. Under the kill switch nobody decides, so the wait ends once Slurm's state is final.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, TextIO, Tuple
 
-from hpc_agent import killswitch
-from hpc_agent.embedded_watch import EmbeddedWatch
-from hpc_agent.progress import Tracker
-from hpc_agent.progress_view import chatter, make_printer
+from hpc_agent.runs.progress import Tracker
+from hpc_agent.runs.progress_view import chatter, make_printer
+from hpc_agent.state import killswitch
+from hpc_agent.watcher.embedded import EmbeddedWatch
 
 FINAL_PHASES = frozenset({"completed", "stopped", "needs_attention"})
 SLURM_FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
@@ -36,7 +36,7 @@ def wait_run(runs_root: Path, run_id: str, timeout_s: float, *, slurm=None, poll
              out: Optional[Callable[[str], None]] = None, stream: Optional[TextIO] = None) -> Tuple[str, str, str]:
     """Wait for the run; returns (its final state, the newest job id, the run's phase). On the timeout the
     state is the job's current one (RUNNING, PENDING ...)."""
-    from hpc_agent.ledger import Ledger
+    from hpc_agent.state.ledger import Ledger
     from hpc_agent.slurm.cli import SlurmCLI
 
     slurm = slurm or SlurmCLI(timeout_s=60)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpc_agent.extras import require
+from hpc_agent.core.extras import require
 from launch.workloads import sampling
 from launch.workloads.common import eval_mode, param_dtype, seeded_module
 

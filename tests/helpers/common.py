@@ -120,7 +120,7 @@ def expect(result: subprocess.CompletedProcess, code: int, *needles: Sequence[st
 def wait_for_snapshot(run_dir: Path, at_least: int, proc: subprocess.Popen, timeout: float = 120) -> str:
     """Wait until a resume would take a complete snapshot (launch/snapshot.py) of step ``at_least`` or
     later; returns its name."""
-    from hpc_agent.checkpoints import is_snapshot, scan, select
+    from hpc_agent.core.checkpoint_format import is_snapshot, scan, select
 
     deadline = time.monotonic() + timeout
     root = run_dir / "checkpoints"

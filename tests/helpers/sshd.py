@@ -93,7 +93,7 @@ def _close_master(env: Dict[str, str]) -> None:
     """``ssh -O exit`` on the shared connection the tests opened (ControlPersist would keep it 10 min)."""
     import argparse
 
-    from hpc_agent.remote import Remote
+    from hpc_agent.remote.ssh import Remote
 
     args = argparse.Namespace(remote="root@127.0.0.1", remote_python=None, remote_dir=None, ssh_option=[])
     try:
