@@ -32,7 +32,7 @@ from hpc_agent.core.causes import ADVICE, SUMMARY, Cause
 from hpc_agent.core.rundir import LogText, find_logs, tail_log
 from hpc_agent.diagnosis.alarms import LOSS_SCALE_TAG, LOSS_TAG, run_alarms
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
-from hpc_agent.metrics.divergence import Alarm
+from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.policy.decide import Decision, PastAttempt, Situation, decide
 from hpc_agent.remote import ssh

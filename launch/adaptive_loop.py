@@ -79,7 +79,7 @@ def adapt(tr: Any, step: int, loss: float, grad_norm: Optional[float], skipped: 
     what an escalation's rollback returns (None: repaired, train on from ``tr.step``; else an exit code)."""
     from hpc_agent.policy.adaptive_lr import ESCALATE_ROLLBACK, decide
     from hpc_agent.core.causes import Cause
-    from hpc_agent.metrics.divergence import GRAD_EXPLOSION
+    from hpc_agent.metrics.alarm_kinds import GRAD_EXPLOSION
     from launch.recovery import Fault
 
     t, a, acfg = tr.t, tr.adaptive, tr.cfg.adaptive

@@ -37,7 +37,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from hpc_agent.core import checkpoint_format, in_job_journal, rundir
 from hpc_agent.core.causes import Cause
 from hpc_agent.core.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY
-from hpc_agent.metrics.divergence import LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS, detect, newest_loss_may_alarm
+from hpc_agent.metrics.alarm_kinds import LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS
+from hpc_agent.metrics.divergence import detect, newest_loss_may_alarm
 from hpc_agent.policy.adaptive_lr import adaptation_reason
 
 REPAIR, EXIT, CONTINUE = "repair", "exit", "continue"

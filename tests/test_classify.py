@@ -10,11 +10,11 @@ import pytest
 from hpc_agent.core.causes import ADVICE, ALL_CAUSES, SUMMARY, Cause
 from hpc_agent.core.exit_codes import EXIT_CODES, as_table, cause_for_exit
 from hpc_agent.core.rundir import LogText
-from hpc_agent.diagnosis.alarms import alarms_from_scalars, latest_run
+from hpc_agent.diagnosis.alarms import fatal_alarms, latest_run
 from hpc_agent.diagnosis.classify import choose_root, classify_attempt, classify_job, logs_per_attempt
 from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, host_by_rank, parse_timestamp, scan_log,
                                          since_last_repair, split_attempts, split_by_time)
-from hpc_agent.metrics.divergence import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm
+from hpc_agent.metrics.alarm_kinds import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm
 from hpc_agent.slurm.sacct import attempts_of, parse_sacct
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -205,20 +205,20 @@ def test_diagnosis_to_dict_is_json_ready():
 
 # --- alarms ------------------------------------------------------------------------------------------------
 def test_alarms_nonfinite_loss_first_step():
-    (alarm,) = alarms_from_scalars([(1, 3.0), (2, math.inf), (3, math.nan)])
+    (alarm,) = fatal_alarms([(1, 3.0), (2, math.inf), (3, math.nan)], [], 1.0)
     assert (alarm.kind, alarm.step) == (NONFINITE_LOSS, 2)
 
 
 def test_alarms_only_the_run_since_the_last_restart():
     assert latest_run([(5, 1.0), (6, 1.0), (3, 1.0), (4, 1.0)]) == [(3, 1.0), (4, 1.0)]
-    assert alarms_from_scalars([(5, math.nan), (3, 1.0), (4, 1.0)]) == []
+    assert fatal_alarms([(5, math.nan), (3, 1.0), (4, 1.0)], [], 1.0) == []
 
 
 def test_alarms_loss_scale_stuck():
-    (alarm,) = alarms_from_scalars(loss_scale=[(1, 4.0), (2, 1.0), (3, 1.0), (4, 1.0)], min_loss_scale=1.0)
+    (alarm,) = fatal_alarms([], [(1, 4.0), (2, 1.0), (3, 1.0), (4, 1.0)], min_loss_scale=1.0)
     assert (alarm.kind, alarm.step) == (LOSS_SCALE_AT_MINIMUM, 2)
-    assert alarms_from_scalars(loss_scale=[(1, 1.0), (2, 1.0), (3, 2.0)]) == []  # it recovered
-    assert alarms_from_scalars(loss_scale=[(1, 1.0), (2, 1.0)]) == []  # too short to call it stuck
+    assert fatal_alarms([], [(1, 1.0), (2, 1.0), (3, 2.0)], 1.0) == []  # it recovered
+    assert fatal_alarms([], [(1, 1.0), (2, 1.0)], 1.0) == []  # too short to call it stuck
 
 
 # --- the taxonomy and the exit code table ----------------------------------------------------------------------

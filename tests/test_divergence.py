@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from hpc_agent.metrics.divergence import (GRAD_EXPLOSION, LEGACY_KIND, LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS,
-                                          STALLED_THROUGHPUT, Alarm as LegacyAlarm, Alarm, detect)
+from hpc_agent.metrics.alarm_kinds import (GRAD_EXPLOSION, LEGACY_KIND, LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS,
+                                           STALLED_THROUGHPUT, Alarm as LegacyAlarm, Alarm)
+from hpc_agent.metrics.divergence import detect
 from hpc_agent.metrics.tb_reader import Point
 
 N = 1000
@@ -147,12 +148,11 @@ CHAIN = [(1, 1024.0), (2, 8.0), (3, 1.0), (4, 1.0), (5, 1.0), (6, 1.0)]
     ([(s, 3.0) for s in range(1, 60)] + [(60, 300.0), (61, 300.0)], [], 1.0, []),  # a spike is not fatal
 ])
 def test_fatal_alarms(loss, scale, min_scale, expected):
-    from hpc_agent.diagnosis.alarms import alarms_from_scalars, fatal_alarms
+    from hpc_agent.diagnosis.alarms import fatal_alarms
 
     found = fatal_alarms(loss, scale, min_scale)
     assert [(a.kind, a.step, a.detail) for a in found] == expected
     assert all(isinstance(a, LegacyAlarm) for a in found)
-    assert alarms_from_scalars(loss, scale, min_scale) == found
     if all(b[0] > a[0] for a, b in zip(loss, loss[1:])):  # RunScalars.series' Points give the same answer
         assert fatal_alarms(points(loss), points(scale), min_scale) == found
 

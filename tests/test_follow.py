@@ -12,7 +12,7 @@ import pytest
 
 from hpc_agent.config.load import build_config
 from hpc_agent.core.rundir import LogText
-from hpc_agent.metrics.divergence import Alarm
+from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from hpc_agent.state.lifecycle import Phase
 from hpc_agent.watcher.follow import follow, history_from, situation_from, wants

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence, Tuple
 
-from hpc_agent.metrics.divergence import FATAL_KINDS, LEGACY_KIND, Alarm, detect
+from hpc_agent.metrics.alarm_kinds import FATAL_KINDS, LEGACY_KIND, Alarm
 
 Series = Sequence[Any]
 """``[(step, value), ...]`` or ``RunScalars.series(tag)``'s ``Point`` objects (``.step``, ``.value``)."""
@@ -36,6 +36,8 @@ def fatal_alarms(loss: Series, loss_scale: Series, min_loss_scale: float, stuck_
     """NaN/inf loss and FP16 loss-scale collapse in the newest attempt's points (:func:`latest_run`), as
     ``nonfinite_loss`` / ``loss_scale_at_minimum`` alarms ordered by step. ``min_loss_scale`` is the
     config's ``train.min_loss_scale``."""
+    from hpc_agent.metrics.divergence import detect  # numpy: imported when alarms are computed, not with diagnose
+
     found = detect(latest_run(loss), loss_scale=latest_run(loss_scale), min_loss_scale=min_loss_scale,
                    stuck_points=stuck_points)
     return [Alarm(LEGACY_KIND[a.kind], a.step, a.detail) for a in found if a.kind in FATAL_KINDS]
@@ -50,9 +52,3 @@ def run_alarms(scalars: Any, min_loss_scale: float) -> List[Alarm]:
     order, so both judge the same points (a merged per-step series would mix in an older attempt's
     points past the newest one's last step)."""
     return fatal_alarms(scalars.written(LOSS_TAG), scalars.written(LOSS_SCALE_TAG), min_loss_scale)
-
-
-def alarms_from_scalars(loss: Series = (), loss_scale: Series = (), min_loss_scale: float = 1.0,
-                        stuck_points: int = 3) -> List[Alarm]:
-    """:func:`fatal_alarms` with defaults (the name older callers use)."""
-    return fatal_alarms(loss, loss_scale, min_loss_scale, stuck_points)

@@ -27,7 +27,7 @@ from hpc_agent.core.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exi
 from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, parse_timestamp, scan_logs, since_last_repair,
                                          split_attempts, split_by_time)
-from hpc_agent.metrics.divergence import Alarm
+from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.slurm.sacct import Attempt
 
 PENDING_STATES = {"PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}

@@ -20,44 +20,23 @@ checkpoint from before it:
 This is the one divergence detector. ``hpc_agent.diagnosis.alarms.fatal_alarms`` picks the fatal kinds
 (``FATAL_KINDS``: non-finite loss, loss-scale collapse) out of it for the classifier, under the names
 ``LEGACY_KIND`` gives them (``nonfinite_loss``, ``loss_scale_at_minimum``). Series items may be
-``Point``-like objects (``.step``, ``.value``) or ``(step, value)`` pairs.
+``Point``-like objects (``.step``, ``.value``) or ``(step, value)`` pairs. What an alarm is, and the kinds'
+names, live in ``hpc_agent/metrics/alarm_kinds.py`` (no numpy: login-side readers import them).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from hpc_agent.metrics.alarm_kinds import (GRAD_EXPLOSION, KINDS, LOSS_SCALE_COLLAPSE, LOSS_SPIKE, NAN_LOSS,
+                                           STALLED_THROUGHPUT, Alarm)
 
-@dataclass(frozen=True)
-class Alarm:
-    kind: str
-    """One of ``KINDS``, or (from ``hpc_agent.diagnosis.alarms``) its ``LEGACY_KIND`` name."""
-    step: int
-    """First step of the problem (where training should be rolled back *before*)."""
-    detail: str
-
-
-NAN_LOSS = "nan_loss"
-LOSS_SPIKE = "loss_spike"
-GRAD_EXPLOSION = "grad_explosion"
-LOSS_SCALE_COLLAPSE = "loss_scale_collapse"
-STALLED_THROUGHPUT = "stalled_throughput"
-KINDS = (NAN_LOSS, LOSS_SPIKE, GRAD_EXPLOSION, LOSS_SCALE_COLLAPSE, STALLED_THROUGHPUT)
-FATAL_KINDS = (NAN_LOSS, LOSS_SCALE_COLLAPSE)
-"""The kinds that make an ended attempt count as diverged (the others are shown by review only)."""
-NONFINITE_LOSS = "nonfinite_loss"
-LOSS_SCALE_AT_MINIMUM = "loss_scale_at_minimum"
-LEGACY_KIND = {NAN_LOSS: NONFINITE_LOSS, LOSS_SCALE_COLLAPSE: LOSS_SCALE_AT_MINIMUM}
-"""Our kind -> the kind ``hpc_agent.diagnosis.alarms`` reports for the same trouble."""
 
 MAD_TO_SIGMA = 1.4826
 _CHUNK = 20_000  # rows of trailing windows evaluated at once (bounds memory to ~CHUNK x window floats)
 
-__all__ = ["Alarm", "detect", "KINDS", "FATAL_KINDS", "LEGACY_KIND", "NAN_LOSS", "LOSS_SPIKE", "GRAD_EXPLOSION",
-           "LOSS_SCALE_COLLAPSE", "STALLED_THROUGHPUT"]
 
 
 def _pairs(series: Sequence[Any]) -> Tuple[np.ndarray, np.ndarray]:

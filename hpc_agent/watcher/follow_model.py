@@ -10,7 +10,7 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from hpc_agent.config.schema import Config
 from hpc_agent.core.rundir import LogText
-from hpc_agent.metrics.divergence import Alarm
+from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.policy.decide import PastAttempt
 from hpc_agent.slurm.sacct import Attempt
 from hpc_agent.state.lifecycle import Phase
