@@ -1,8 +1,8 @@
-"""The placement chooser (hpc_agent.policy.partitions.choose) and its inputs (hpc_agent.policy.partition_options): table tests.
+"""The placement chooser (hpc_agent.policy.partitions.choose) and its inputs (hpc_agent.policy.partitions.candidates): table tests.
 
 Each row of CASES is a set of candidates and the partition that must win, with a phrase its reason must
 contain. Then the option builder: what fits where (and with which OOM-ladder rung), the time model, and the
-watcher's rule after a GPU OOM (hpc_agent.policy.partition_rule): move to the bigger GPU when that finishes
+watcher's rule after a GPU OOM (hpc_agent.policy.partitions.weigh_partitions): move to the bigger GPU when that finishes
 sooner, else take the rung in place.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from types import SimpleNamespace as NS
 import pytest
 
 from hpc_agent.config.load import load_config
-from hpc_agent.policy.partition_options import candidates, change_factor, step_seconds
-from hpc_agent.policy.partitions import Candidate, choose, fmt_duration, fmt_size
+from hpc_agent.policy.partitions import (Candidate, candidates, change_factor, choose, fmt_duration, fmt_size,
+                                         step_seconds)
 
 H = 3600.0
 SMALL = dict(gpu_type="a10", gpu_gib=24.0, gpus=1)

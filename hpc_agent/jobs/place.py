@@ -1,7 +1,7 @@
 """``submit --place auto``: choose the partition, print the table of candidates and why one won.
 
 The imperative shell around the pure chooser: one ``sinfo`` and a bounded number of ``sbatch --test-only``
-calls (:mod:`hpc_agent.slurm.partition_facts`), the candidates (:mod:`hpc_agent.policy.partition_options`), the choice
+calls (:mod:`hpc_agent.slurm.partition_facts`), the candidates (:func:`hpc_agent.policy.partitions.candidates`), the choice
 (:mod:`hpc_agent.policy.partitions`). The winner's partition, and the ladder rung it needs to fit, become part of the
 run's config, so the job script, the memory check and the watcher's later decisions all see them.
 ``--dry-run`` prints the same table and submits nothing.
@@ -35,7 +35,7 @@ def place(cfg: Any, slurm: Any) -> Placed:
     from hpc_agent.config.problems import ConfigError
     from hpc_agent.policy.partitions import choose
     from hpc_agent.slurm.partition_facts import collect
-    from hpc_agent.policy.partition_options import candidates
+    from hpc_agent.policy.partitions import candidates
     from hpc_agent.config.load import apply_patch
     from hpc_agent.slurm.cli import SlurmError
 

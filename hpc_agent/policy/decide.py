@@ -28,7 +28,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from hpc_agent.config.schema import Config
 from hpc_agent.core.causes import Cause
 from hpc_agent.policy.memory import GPU_HEADROOM, gpu_oom_fit
-from hpc_agent.policy.partition_rule import weigh_partitions
+from hpc_agent.policy.partitions import weigh_partitions
 from hpc_agent.slurm.hostlist import expand_hostlist
 
 WAIT, DONE, REQUEUE, RESUBMIT, STOP = "wait", "done", "requeue", "resubmit", "stop"

@@ -1,7 +1,7 @@
 """Dense FP16/BF16 tensor-core peak of common GPU types, in TFLOPS (vendor data sheets, no sparsity).
 
 The one home of GPU *speed* (their memory by type lives with the gres parser, ``hpc_agent.slurm.sinfo``).
-Placement (:mod:`hpc_agent.policy.partition_options`) turns it into a time estimate; a GPU benchmark can quote MFU
+Placement (:func:`hpc_agent.policy.partitions.candidates`) turns it into a time estimate; a GPU benchmark can quote MFU
 against it. SXM figures where a type ships in two form factors (the H100 PCIe is ~25 % slower): the estimate
 is rough anyway, and a site names its PCIe cards in the gres type when it has both.
 """

@@ -1,6 +1,6 @@
 """The facts behind ``submit --place auto``: what each partition offers and when Slurm would start the job there.
 
-This is the thin I/O side of placement (:mod:`hpc_agent.policy.partitions` decides, :mod:`hpc_agent.policy.partition_options`
+This is the thin I/O side of placement (:mod:`hpc_agent.policy.partitions` decides, :func:`hpc_agent.policy.partitions.candidates`
 turns these facts into candidates). It asks Slurm twice over, and no more:
 
 1. ONE ``sinfo`` call (:func:`hpc_agent.slurm.sinfo.partitions_argv`) lists every partition with its nodes,
