@@ -207,7 +207,7 @@ def render_text(report: Dict[str, Any]) -> str:
     d = report["decision"]
     lines = [f"job {report['job_id'] or '?'}: {report['cause']} -- {report['summary']}"]
     if report.get("live"):
-        from hpc_agent.runs.live import describe
+        from hpc_agent.runs.liveness import describe
 
         lines.append(f"  live: {describe(report['live'])}")
     if report["state"]:

@@ -21,7 +21,7 @@ from hpc_agent.cli import exit_status
 from hpc_agent.cli.flags import add_common_arguments, parse
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.remote import ssh
-from hpc_agent.runs.live import duration
+from hpc_agent.runs.liveness import duration
 
 COLUMNS = (("run", "run_id"), ("phase", "phase"), ("job", "job_id"), ("slurm", "slurm_state"), ("step", "step"),
            ("last decision", "last"), ("last step", "age"))

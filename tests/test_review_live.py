@@ -20,7 +20,7 @@ from hpc_agent.core import heartbeat_format, in_job_journal, rundir
 from hpc_agent.diagnosis.hang import judge
 from hpc_agent.review import decision_lines, main, render_table
 from hpc_agent.runs.history import review_run
-from hpc_agent.runs.live import describe, duration, live_view
+from hpc_agent.runs.liveness import describe, duration, live_view
 from hpc_agent.runs.plot import boundary_labels, build_figure, in_job_markers
 from hpc_agent.state.ledger import Ledger
 from hpc_agent.watcher.in_job import audit_record

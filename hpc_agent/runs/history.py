@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hpc_agent.config.load import load_run_config
 from hpc_agent.core import rundir
 from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
-from hpc_agent.runs.live import read_live
+from hpc_agent.runs.liveness import read_live
 from hpc_agent.runs.plot import boundary_labels, in_job_markers, is_notice
 from hpc_agent.state.ledger import LEDGER_FILE
 from hpc_agent.state.lifecycle import TERMINAL, Phase

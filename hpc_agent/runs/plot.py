@@ -103,7 +103,7 @@ def _silent_gap(ax, live: Mapping[str, Any]) -> None:
     import matplotlib.dates as mdates
     from datetime import datetime
 
-    from hpc_agent.runs.live import duration
+    from hpc_agent.runs.liveness import duration
 
     now = datetime.fromtimestamp(live["now"])
     end = mdates.date2num(now)

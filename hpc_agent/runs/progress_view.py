@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from hpc_agent.runs.live import duration
+from hpc_agent.runs.liveness import duration
 
 QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
 
