@@ -133,7 +133,7 @@ class Collectives:
     """The few collectives the training loop needs, on the right device for the backend.
 
     A one-process job (``world == 1``) skips the reductions: two per step (the OOM agreement and the loss
-    mean) cost about 1 % of a 0.11 s step through gloo (scripts/bench_step_overhead.py)."""
+    mean) cost about 1 % of a 0.11 s step through gloo (scripts/bench/step_overhead.py)."""
 
     def __init__(self, device: Any):
         import torch

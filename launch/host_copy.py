@@ -20,7 +20,7 @@ class HostBuffers:
 
     A fresh host copy of every tensor at each capture made the kernel hand out (and zero) new pages each
     time, since the writer freed them after writing: on a 408 MB state the loop was held 0.195 s a snapshot
-    with fresh copies and 0.05 s with reused ones (``scripts/bench_snapshot.py --capture-baseline``). So
+    with fresh copies and 0.05 s with reused ones (``scripts/bench/snapshot.py --capture-baseline``). So
     the copy of a snapshot is kept after its write and reused, tensor by tensor in capture order, wherever
     the shape, strides and dtype still match (after an in-job repair rebuilt the engine, a tensor that
     changed gets a fresh copy). The peak is unchanged (the capture already held a second copy of the state

@@ -10,7 +10,7 @@ step, for an ``isinstance`` test), whose module-level ``@torch.compile`` decorat
 Those imports create about half a million objects that live as long as the process, and Python's cyclic
 garbage collector traversed them again and again while they were being created: with it paused for the
 imports (:func:`import_heavy_modules`) a fresh run's first step came 2.22 s after its process started instead
-of 3.11 s (scripts/bench_step_overhead.py, one CPU, P2's settings). Importing ``torch._dynamo`` itself imports
+of 3.11 s (scripts/bench/step_overhead.py, one CPU, P2's settings). Importing ``torch._dynamo`` itself imports
 ``torch._inductor`` in the torch this was measured with (2.13), so the lazy Muon import no longer keeps
 ``torch._inductor`` out; it still keeps Muon's ``torch.compile`` decorators from running at import.
 """

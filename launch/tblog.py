@@ -19,7 +19,7 @@ snapshot, so the series is on disk up to any step an attempt can resume from. ``
 every call (the script API, which cannot know when the user's script checkpoints). tensorboard's
 ``SummaryWriter`` woke its writer thread for every event, which checksummed it in Python and reopened the
 file to append it: with one CPU a job paid ~0.3 ms a step for it, about 0.03 ms this way
-(scripts/bench_step_overhead.py). Encoding the event (7 protobuf values) in the loop still cost ~85 us a step (P2's
+(scripts/bench/step_overhead.py). Encoding the event (7 protobuf values) in the loop still cost ~85 us a step (P2's
 model, timed inside the loop: its caches are cold after the step's compute); queueing the numbers costs a few us,
 and the flusher encodes a batch at ~12 us an event.
 """

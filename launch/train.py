@@ -39,7 +39,7 @@ def main(config_path: str, run_dir: str) -> int:
         if os.environ.get("SLURM_JOB_ID"):
             # The checkpoint is complete and Slurm has the job back; skip the interpreter's teardown (torch,
             # DeepSpeed, gloo threads). The nodes stay COMPLETING, held from the preempting job and the resumed
-            # attempt, until every task is gone: scripts/bench_recovery.py measured the step ending 2.3 s
+            # attempt, until every task is gone: scripts/bench/recovery.py measured the step ending 2.3 s
             # after the requeue with this exit and 3.3 s without.
             sys.stdout.flush()
             sys.stderr.flush()

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh            # results under $OUT (default /tmp/gpu_check)
 # 1. tests/test_gpu.py: FP16 under ZeRO 1-3 with activation checkpointing, FP16 SIGKILL + resume, ZeRO-Offload,
 #    loss-scale overflow, a real CUDA OOM and its diagnosis, doctor's pynvml health check.
-# 2. scripts/bench_gpu_memory.py: the memory estimate against the measured FP16 ZeRO-2 peak.
+# 2. scripts/bench/gpu_memory.py: the memory estimate against the measured FP16 ZeRO-2 peak.
 # A machine without a package index can bring wheels in .whl/ (pure-Python deepspeed, omegaconf,
 # submitit and their small dependencies): they are installed into /tmp/site and put on PYTHONPATH.
 set -uo pipefail
@@ -24,7 +24,7 @@ status=0
 export HPC_AGENT_OPS_DIR=${HPC_AGENT_OPS_DIR:-/tmp/ds_ops}
 python3 -m hpc_agent.prepare 2>&1 | tee "$OUT/prepare.log" || status=1
 timeout "${GPU_TEST_TIMEOUT:-390}" python3 -m pytest -v -rA -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/pytest.log" || status=1
-timeout "${GPU_BENCH_TIMEOUT:-200}" python3 scripts/bench_gpu_memory.py --out "$OUT/bench_gpu_memory.json" --steps 12 2>&1 \
+timeout "${GPU_BENCH_TIMEOUT:-200}" python -m scripts.bench.gpu_memory --out "$OUT/bench_gpu_memory.json" --steps 12 2>&1 \
     | tee "$OUT/bench_gpu_memory.log" || status=1
 echo "gpu_check: exit $status"
 exit $status

@@ -1,20 +1,13 @@
-"""Pure helpers of scripts/bench_handover.py: slurmctld log lines -> milestones -> offsets -> per-path summary,
+"""Pure helpers of scripts/bench/handover.py: slurmctld log lines -> milestones -> offsets -> per-path summary,
 and the victim script each hand-over path runs."""
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))  # the bench imports its shared helpers from bench_recovery
-_spec = importlib.util.spec_from_file_location("bench_handover", SCRIPTS / "bench_handover.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from scripts.bench import handover as bench
 
 
 def ts(text: str) -> float:

@@ -1,15 +1,10 @@
-"""Pure helpers of scripts/bench_login.py: the alternating schedule and the summary with its targets."""
+"""Pure helpers of scripts/bench/login.py: the alternating schedule and the summary with its targets."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_login.py"
-_spec = importlib.util.spec_from_file_location("bench_login", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from scripts.bench import login as bench
 
 
 def test_schedule_alternates_and_flips_the_first_command_every_round():

@@ -1,21 +1,17 @@
-"""scripts/bench_mfu.py: its pure helpers (model FLOPs, MFU, checkpointing penalty, target verdicts, the GPU
+"""scripts/bench/mfu.py: its pure helpers (model FLOPs, MFU, checkpointing penalty, target verdicts, the GPU
 peak by name) and, on the CPU, the smoke run through the same DeepSpeed and AMP code paths."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_mfu.py"
-_spec = importlib.util.spec_from_file_location("bench_mfu", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from scripts.bench import mfu as bench
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("layers, d, seq, vocab, matmul, per_token", [
@@ -100,11 +96,11 @@ def test_an_oom_case_leaves_the_verdicts_unmeasured_and_shows_in_the_table():
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_case(tmp_path):
     out = tmp_path / "bench_mfu.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(BENCH.parent.parent))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, str(BENCH), "--cpu-smoke", "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.mfu", "--cpu-smoke", "--out", str(out)], env=env,
+                          cwd=str(REPO), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "NOT GPU results" in proc.stdout
     data = json.loads(out.read_text())
@@ -124,8 +120,8 @@ def test_without_a_gpu_and_without_cpu_smoke_it_exits_2_without_a_traceback(tmp_
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    env = dict(os.environ, PYTHONPATH=str(BENCH.parent.parent))
-    proc = subprocess.run([sys.executable, str(BENCH), "--out", str(tmp_path / "x.json")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.mfu", "--out", str(tmp_path / "x.json")], env=env,
+                          cwd=str(REPO), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x.json").exists()

@@ -1,15 +1,10 @@
-"""Pure helpers of scripts/bench_oom_repair.py: seeded case generation and judging an outcome."""
+"""Pure helpers of scripts/bench/oom_repair.py: seeded case generation and judging an outcome."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_oom_repair.py"
-_spec = importlib.util.spec_from_file_location("bench_oom_repair", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from scripts.bench import oom_repair as bench
 
 
 def fake_rungs(knobs):

@@ -1,16 +1,11 @@
-"""Pure helpers of scripts/bench_recovery.py: log parsing into milestones and the latency breakdown."""
+"""Pure helpers of scripts/bench/recovery.py: log parsing into milestones and the latency breakdown."""
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_recovery.py"
-_spec = importlib.util.spec_from_file_location("bench_recovery", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from scripts.bench import recovery as bench
 
 
 def ts(text: str) -> float:

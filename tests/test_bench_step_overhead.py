@@ -1,19 +1,15 @@
-"""scripts/bench_step_overhead.py: the overhead it reads from a run's TensorBoard series."""
+"""scripts/bench/step_overhead.py: the overhead it reads from a run's TensorBoard series."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_step_overhead", REPO / "scripts" / "bench_step_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts.bench import step_overhead
+
+    return step_overhead
 
 
 def test_overhead_is_the_wall_time_outside_the_steps_after_the_warm_up(tmp_path):

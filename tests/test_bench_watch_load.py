@@ -1,13 +1,8 @@
-"""Pure helpers of scripts/bench_watch_load.py: the synthetic sacct answer parses like sacct's, and the summary."""
+"""Pure helpers of scripts/bench/watch_load.py: the synthetic sacct answer parses like sacct's, and the summary."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_watch_load.py"
-_spec = importlib.util.spec_from_file_location("bench_watch_load", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from scripts.bench import watch_load as bench
 
 
 def test_synthetic_sacct_parses_into_one_attempt_per_job_with_the_intended_states():

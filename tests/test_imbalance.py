@@ -1,21 +1,17 @@
 """Issue 3, item 5: with the best imbalance method, balanced accuracy beats plain cross-entropy by
-at least 10 points. A smaller version of ``scripts/bench_imbalance.py`` (same training loop)."""
+at least 10 points. A smaller version of ``scripts/bench/imbalance.py`` (same training loop)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_imbalance.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_imbalance", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts.bench import imbalance
+
+    return imbalance
 
 
 @pytest.mark.slow

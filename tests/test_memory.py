@@ -169,7 +169,7 @@ def test_memory_module_is_torch_free():
 
 
 # Peak memory (torch.cuda.max_memory_allocated) of FP16 gpt runs on one NVIDIA H200, DeepSpeed 0.19.8,
-# torch 2.11: scripts/bench_gpu_memory.py, results/gpu/bench_gpu_memory.json (2026-11-30).
+# torch 2.11: scripts/bench/gpu_memory.py, results/gpu/bench_gpu_memory.json (2026-11-30).
 # (layers, width, seq, micro-batch, ZeRO stage, activation checkpointing, measured peak bytes)
 H200_PEAKS = [
     (12, 768, 1024, 8, 2, False, 4816134144),

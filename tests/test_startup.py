@@ -1,5 +1,5 @@
 """launch/startup.py: the job's heavy imports run with the garbage collector paused, and what they leave
-behind is frozen out of later collections. The time it saves is in scripts/bench_step_overhead.py
+behind is frozen out of later collections. The time it saves is in scripts/bench/step_overhead.py
 (``start_to_first_step_s``)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """launch/tblog.py: one event per logged step, flushed on a clock and before every checkpoint; and the
-one-process shortcut of launch/distributed.Collectives. Both are per-step costs (scripts/bench_step_overhead.py)."""
+one-process shortcut of launch/distributed.Collectives. Both are per-step costs (scripts/bench/step_overhead.py)."""
 from __future__ import annotations
 
 from types import SimpleNamespace

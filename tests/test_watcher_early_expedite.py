@@ -1,5 +1,5 @@
 """The watcher expedites a job that requeued itself as soon as slurmctld shows it pending again, before
-sacct records the new attempt (measured lag ~4 s; scripts/bench_recovery.py). Fake Slurm, no cluster: the
+sacct records the new attempt (measured lag ~4 s; scripts/bench/recovery.py). Fake Slurm, no cluster: the
 canonical FakeSlurm with its ``sacct_lag_s`` (accounting behind slurmctld) and ``completing_s`` (slurmctld
 still cleaning up the attempt that ended)."""
 from __future__ import annotations

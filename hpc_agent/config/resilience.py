@@ -67,7 +67,7 @@ class ResilienceConfig:
     held until submitit's pickle is copied under the new job id), then requeues itself *held*. A requeue's
     completion makes Slurm schedule at once, but the requeued job itself only becomes eligible after its
     121 s begin delay; a successor that is already queued is started in that very pass, beside the preempting
-    job (``scripts/bench_handover.py``: 0.97 s vs 3.94 s from the preemption under Slurm's default
+    job (``scripts/bench/handover.py``: 0.97 s vs 3.94 s from the preemption under Slurm's default
     scheduler settings). The run then continues under a new job id: the watcher follows it and cancels the
     held one (without a watcher, cancel it yourself: it never starts). Job arrays (sweeps) keep the plain
     requeue. Needs ``sbatch`` and ``scontrol`` on the compute nodes; if either fails the job falls back to

@@ -4,7 +4,7 @@ After SIGUSR2 (a preemption notice or the time-limit warning) every rank writes 
 and exits with ``EXIT_SIGNALLED_AFTER_CHECKPOINT`` (75). In the job script hpc_agent renders
 (:func:`batch_requeue_lines`, appended after submitit's ``srun`` line), the batch shell then runs
 ``scontrol requeue`` itself. Why not rank 0, before it exits, as submitit does: measured on the localhost
-Slurm 22.05 (scripts/bench_recovery.py), a requeue while the step's tasks still live leaves the step to
+Slurm 22.05 (scripts/bench/recovery.py), a requeue while the step's tasks still live leaves the step to
 slurmstepd's kill loop, which checks for leftover processes with 1 s sleeps and ends the step ~2.3 s later;
 Slurm requeues the job (and frees its nodes) only then. A requeue issued after the step has ended is done
 in ~0.1 s. The ranks leave the requeue to the batch shell only when :data:`BATCH_REQUEUE_ENV` is set, so a
@@ -28,7 +28,7 @@ Even so the requeued job starts only at Slurm's next event-triggered scheduling 
 ``batch_sched_delay`` (3 s) later: the pass that runs when the requeue completes comes before the expedite can
 (the begin time is set in that same moment). With ``resilience.successor_on_preempt`` the batch shell hands
 over instead (:func:`successor_lines`): a successor job, queued and eligible before this job ends, is started
-in that very pass (scripts/bench_handover.py: 0.97 s vs 3.94 s after the preempting job's submission).
+in that very pass (scripts/bench/handover.py: 0.97 s vs 3.94 s after the preempting job's submission).
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ The peak is the larger of two phases (the model states above are never all alive
   all alive and almost no gradient is yet;
 - the optimizer step: every model state above (gradients and fp32 gradient included) and the bucket.
 
-Measured against ``torch.cuda.max_memory_allocated`` of FP16 runs on an H200 (scripts/bench_gpu_memory.py,
+Measured against ``torch.cuda.max_memory_allocated`` of FP16 runs on an H200 (scripts/bench/gpu_memory.py,
 results/gpu/): the estimate is 0.96-1.05 of the peak across 9 sizes, ZeRO 1/2/3 and checkpointing. The
 CUDA context (outside that peak), temporary buffers and allocator fragmentation are not counted.
 """

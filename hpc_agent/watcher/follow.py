@@ -67,7 +67,7 @@ def history_from(rows: Sequence[Any]) -> Tuple[PastAttempt, ...]:
 # --- the core ------------------------------------------------------------------------------------------
 def _effective(state: RunState, obs: Observation) -> Tuple[Tuple[Attempt, ...], int]:
     """The attempts, plus a synthetic pending one when squeue already shows the requeued job pending
-    before sacct records the new attempt (~4 s measured by scripts/bench_recovery.py)."""
+    before sacct records the new attempt (~4 s measured by scripts/bench/recovery.py)."""
     attempts = obs.attempts
     latest = attempts[-1]
     index = len(attempts) - 1

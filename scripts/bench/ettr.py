@@ -1,7 +1,7 @@
 """P2, ETTR under faults: the watcher vs Slurm's own requeue, side by side, plus P3 (steps lost per
 signalled preemption).
 
-    flock /tmp/hpc_slurm.lock python scripts/bench_ettr.py [--window 1200] [--out results/bench_ettr.json]
+    flock /tmp/hpc_slurm.lock python -m scripts.bench.ettr [--window 1200] [--out results/bench_ettr.json]
 
 Needs the localhost Slurm (bash scripts/cluster.sh up) and nothing else running on it. Two identical
 runs are submitted at once, one per node (slurm.nodes=1, the other node excluded): "watcher" has
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402

@@ -1,7 +1,7 @@
 """Issue 7, must-show 4 (GPU only): the memory estimate against the real peak of FP16 runs.
 
-    python scripts/bench_gpu_memory.py [--out results/gpu/bench_gpu_memory.json] [--steps 12]
-    python scripts/bench_gpu_memory.py --rescore results/gpu/bench_gpu_memory.json   # no GPU needed
+    python -m scripts.bench.gpu_memory [--out results/gpu/bench_gpu_memory.json] [--steps 12]
+    python -m scripts.bench.gpu_memory --rescore results/gpu/bench_gpu_memory.json   # no GPU needed
 
 Runs on a machine with an NVIDIA GPU: ``doctor`` (GPU health via pynvml), then short FP16 runs of the
 gpt workload (sizes, micro-batches, ZeRO 1/2/3, checkpointing; see SIZES) through the local executor,
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402

@@ -1,10 +1,10 @@
 """How soon Slurm gives a preempted batch job's continuation a node, for each way the job can hand over.
 
-    flock /tmp/hpc_slurm.lock python scripts/bench_handover.py [--trials 5] [--out results/bench_handover.json]
+    flock /tmp/hpc_slurm.lock python -m scripts.bench.handover [--trials 5] [--out results/bench_handover.json]
 
-P1 (``bench_recovery.py``) times the whole recovery of a training job; this isolates Slurm's part of it with
+P1 (``scripts/bench/recovery.py``) times the whole recovery of a training job; this isolates Slurm's part of it with
 plain batch jobs (bash and ``sleep``, no Python in the job), on the localhost cluster under Slurm's default
-SchedulerParameters (switched for the run, restored after, as ``bench_recovery.py`` does). Each trial: a job
+SchedulerParameters (switched for the run, restored after, as ``scripts/bench/recovery.py`` does). Each trial: a job
 in the preemptable partition ``low`` (1 task, ``--requeue``, ``--signal=B:USR2@60``) runs on one node; a job
 in ``high`` that needs that whole node for ``--hold`` seconds preempts it; the other node is free. The
 victim's batch shell traps the preemption signal and hands over one way:
@@ -36,9 +36,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 
@@ -80,7 +79,7 @@ wait "$child"
 # --- pure helpers (tests/test_bench_handover.py) ----------------------------------------------------------
 def ctld_times(lines: Sequence[str], victim: str, preemptor: str, continuation: Optional[str]) -> Dict[str, float]:
     """The milestones of one trial from slurmctld log lines (first occurrence of each), as epoch seconds."""
-    from bench_recovery import parse_stamp
+    from scripts.bench.recovery import parse_stamp
 
     patterns = {
         "preemptor_submitted": rf"_slurm_rpc_submit_batch_job: JobId={preemptor}\b",
@@ -132,7 +131,7 @@ def _run(argv: List[str]) -> str:
 
 
 def trial(path: str, work: Path, hold_s: int, log_path: Path) -> dict:
-    from bench_recovery import _lines_since, cluster_idle
+    from scripts.bench.recovery import _lines_since, cluster_idle
     from tests.slurm_helpers import wait_for
 
     wait_for(cluster_idle, 120, interval=0.5, what="an idle cluster")
@@ -172,7 +171,7 @@ def trial(path: str, work: Path, hold_s: int, log_path: Path) -> dict:
 
 
 def main() -> int:
-    from bench_recovery import SLURMCTLD_LOG, scheduler
+    from scripts.bench.recovery import SLURMCTLD_LOG, scheduler
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5, help="trials per hand-over path (default 5)")

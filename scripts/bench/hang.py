@@ -1,6 +1,6 @@
 """Hang recovery latency (issue 17, "Hang"): the last step before a hang -> the first step of the resumed attempt.
 
-    flock /tmp/hpc_slurm.lock python scripts/bench_hang.py [--trials 1] [--interval 5] [--out results/bench_hang.json]
+    flock /tmp/hpc_slurm.lock python -m scripts.bench.hang [--trials 1] [--interval 5] [--out results/bench_hang.json]
 
 Needs the localhost Slurm (bash scripts/cluster.sh up); hold /tmp/hpc_slurm.lock. Default settings throughout:
 ``resilience:`` as shipped (heartbeat every 5 s, hang_floor_s=120, stack_wait_s=10), ``watch --interval 5``,
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from hpc_agent.state.ledger import Ledger  # noqa: E402

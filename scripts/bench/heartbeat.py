@@ -1,7 +1,7 @@
 """The heartbeat's cost to training: the main-thread calls per step, one beat written by the thread, the
 final beat on the exit path, and the watcher's read of every rank's beat.
 
-    python scripts/bench_heartbeat.py [--out results/bench_heartbeat.json]
+    python -m scripts.bench.heartbeat [--out results/bench_heartbeat.json]
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hpc_agent.core import rundir  # noqa: E402
 from launch.heartbeat import Heartbeat  # noqa: E402

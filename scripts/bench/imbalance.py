@@ -8,9 +8,9 @@ in a subprocess: DeepSpeed, warmup + cosine, evaluation every ``--eval-every`` s
 loop with the adaptive schedule, so ``--adaptive on`` needs it. Several training seeds, one or more step
 budgets. Results go to ``results/bench_imbalance.json`` (``--out``) and a Markdown table is printed.
 
-    python scripts/bench_imbalance.py                      # defaults below, ~1.5 minutes on 1 core
-    python scripts/bench_imbalance.py --steps 300 --seeds 1 2 --ratios 50
-    python scripts/bench_imbalance.py --loop trainer --adaptive off on --methods class_weight \
+    python -m scripts.bench.imbalance                      # defaults below, ~1.5 minutes on 1 core
+    python -m scripts.bench.imbalance --steps 300 --seeds 1 2 --ratios 50
+    python -m scripts.bench.imbalance --loop trainer --adaptive off on --methods class_weight \
         --ratios 50 --steps 1500 --out results/bench_adaptive.json    # ~15 s per run
 
 Defaults: the workload's generated dataset (5 classes, 32 features, 20000 training samples) at the
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -1,6 +1,6 @@
 """Login-node latency (P6): ``submit --dry-run`` vs ``python -c "import torch"``, alternating, same session.
 
-    python scripts/bench_login.py [--runs 10] [--config configs/quickstart.yaml] [--out results/bench_login.json]
+    python -m scripts.bench.login [--runs 10] [--config configs/quickstart.yaml] [--out results/bench_login.json]
 
 Each run is a fresh interpreter started the way a user starts it, timed by wall clock from the spawn to
 the exit (so interpreter start-up counts on both sides). The two commands alternate, and which one goes
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TARGET_S = 0.5
 TARGET_RATIO = 0.3
 

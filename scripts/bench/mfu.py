@@ -1,7 +1,7 @@
 """Issue 21: training throughput and MFU of the gpt workload through DeepSpeed, beside plain PyTorch AMP.
 
-    python scripts/bench_mfu.py [--out results/gpu/bench_mfu.json] [--models 124m,350m] [--micro-batch 8]
-    python scripts/bench_mfu.py --cpu-smoke --out /tmp/bench_mfu_cpu.json   # no GPU: code paths only
+    python -m scripts.bench.mfu [--out results/gpu/bench_mfu.json] [--models 124m,350m] [--micro-batch 8]
+    python -m scripts.bench.mfu --cpu-smoke --out /tmp/bench_mfu_cpu.json   # no GPU: code paths only
 
 The project's ByteGPT at ~124M and ~350M parameters (seq 1024, vocab 50257, synthetic tokens on the device).
 Per model: FP16 ZeRO-2 and ZeRO-3 through deepspeed.initialize with launch.dsconfig.build_ds_config, and a
@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Dict, List, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

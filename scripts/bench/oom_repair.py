@@ -1,6 +1,6 @@
 """OOM repair rate (P8): share of injected GPU OOMs fixed by the first retry with the global batch kept.
 
-    python scripts/bench_oom_repair.py [--cases 20] [--seed 7] [--ladders halving,estimator] [--policy-cases 200]
+    python -m scripts.bench.oom_repair [--cases 20] [--seed 7] [--ladders halving,estimator] [--policy-cases 200]
                                       [--out results/bench_oom_repair.json]
 
 Real jobs on the localhost Slurm (hold /tmp/hpc_slurm.lock), one ``python -m hpc_agent.watch`` following
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 TARGET_RATE = 0.95

@@ -1,6 +1,6 @@
 """Recovery latency (P1): preemption -> first resumed training step, with the watcher vs Slurm's requeue alone.
 
-    flock /tmp/hpc_slurm.lock python scripts/bench_recovery.py [--trials 5] [--native-trials N]
+    flock /tmp/hpc_slurm.lock python -m scripts.bench.recovery [--trials 5] [--native-trials N]
         [--reuse-native OLD.json] [--interval 1] [--partition low|lowcancel] [--hold 20]
         [--scheduler default|fast] [--out results/bench_recovery.json]
 
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 SLURMCTLD_LOG = Path("/var/log/slurm/slurmctld.log")

@@ -9,7 +9,7 @@ steps after a warm-up. A full checkpoint is taken only at the end (``ckpt_every`
 Then, per setting, one run is SIGKILLed mid-training and resumed: steps redone = the last step logged
 before the kill - the step the resume starts from.
 
-    python scripts/bench_snapshot.py            # ~6 min on 2 CPU cores -> results/bench_snapshot.json
+    python -m scripts.bench.snapshot            # ~6 min on 2 CPU cores -> results/bench_snapshot.json
 
 ``--capture-baseline REV`` measures something else: how long the training loop is held per snapshot (the host
 copy, the job's own "training held" figure) on a larger state (``--d-model 512 --layers 8`` unless given,
@@ -31,12 +31,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_step_overhead import worktree  # noqa: E402
+from scripts.bench.step_overhead import worktree  # noqa: E402
 
 STEP_RE = re.compile(r"\] step (\d+) loss ")
 RESUMED_RE = re.compile(r"\] resumed at step (\d+) ")

@@ -1,8 +1,8 @@
 """The training loop's own cost between steps: this checkout against a baseline revision, side by side.
 
-    python scripts/bench_step_overhead.py [--baseline REV | --baseline-setting KEY=VALUE ...] [--steps 400] [--rounds 2] [--out F]
+    python -m scripts.bench.step_overhead [--baseline REV | --baseline-setting KEY=VALUE ...] [--steps 400] [--rounds 2] [--out F]
 
-ETTR (scripts/bench_ettr.py, hpc_agent/runs/history.py) counts as productive only the time inside each step
+ETTR (scripts/bench/ettr.py, hpc_agent/runs/history.py) counts as productive only the time inside each step
 (``perf/step_time_s``: forward, backward, optimizer step). Everything the loop does between two steps is lost
 time: the loss mean and the in-job fault check, TensorBoard, the log line, snapshots and checkpoints. This runs
 ``python -m launch.train`` directly (no Slurm), one process on one CPU with the P2 run's model and settings
@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_ettr import RUN, SIDE  # noqa: E402
+from scripts.bench.ettr import RUN, SIDE  # noqa: E402
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 
 WARMUP = 50

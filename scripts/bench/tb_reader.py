@@ -5,7 +5,7 @@ Writes an event file with ``--events`` scalar events (default 1,000,000), reads 
 full reload of the appended file through TensorBoard's ``EventAccumulator`` (``size_guidance={"scalars": 0}``
 so nothing is dropped). Writes ``results/bench_tb_reader.json`` and prints the speed-up.
 
-    python scripts/bench_tb_reader.py [--events 1000000] [--append 1000] [--out results/bench_tb_reader.json]
+    python -m scripts.bench.tb_reader [--events 1000000] [--append 1000] [--out results/bench_tb_reader.json]
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402

@@ -1,6 +1,6 @@
 """Slurm load of the watcher (P4): Slurm calls and watcher CPU per tick with 1, 100, 1000 and 10000 tracked runs.
 
-    python scripts/bench_watch_load.py [--sizes 1,100,1000,10000] [--ticks 7] [--profile] [--out results/bench_watch_load.json]
+    python -m scripts.bench.watch_load [--sizes 1,100,1000,10000] [--ticks 7] [--profile] [--out results/bench_watch_load.json]
 
 Each size gets a fresh runs root with that many synthetic runs, written in ONE ledger transaction (a run,
 its intent and its job id each: job ids are synthetic, 9000000 + i) plus an empty run directory each (the
@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterable, List, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
