@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 REPO=$(pwd)
 OUT=${1:-$REPO/constraints.txt}
 PY=${PYTHON:-python3}
-# The same torch as scripts/setup.sh (tests/test_dependencies.py checks that the two agree).
+# The same torch as scripts/setup.sh (tests/job/test_dependencies.py checks that the two agree).
 TORCH_VERSION=$(sed -n 's/.*torch==\([0-9][0-9.]*\).*/\1/p' scripts/setup.sh | head -n 1)
 if [[ -z "$TORCH_VERSION" ]]; then
   echo "freeze_constraints: no torch==X pin found in scripts/setup.sh" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in one go, for a machine with an NVIDIA GPU (CI has none, so these run by hand):
 #   bash scripts/gpu_check.sh            # results under $OUT (default /tmp/gpu_check)
-# 1. tests/test_gpu.py: FP16 under ZeRO 1-3 with activation checkpointing, FP16 SIGKILL + resume, ZeRO-Offload,
+# 1. tests/job/test_gpu.py: FP16 under ZeRO 1-3 with activation checkpointing, FP16 SIGKILL + resume, ZeRO-Offload,
 #    loss-scale overflow, a real CUDA OOM and its diagnosis, doctor's pynvml health check.
 # 2. scripts/bench/gpu_memory.py: the memory estimate against the measured FP16 ZeRO-2 peak.
 # A machine without a package index can bring wheels in .whl/ (pure-Python deepspeed, omegaconf,
@@ -23,7 +23,7 @@ status=0
 # offload path needs one (cpu_adam), and a machine without the CUDA toolkit skips it with a warning.
 export HPC_AGENT_OPS_DIR=${HPC_AGENT_OPS_DIR:-/tmp/ds_ops}
 python3 -m hpc_agent.prepare 2>&1 | tee "$OUT/prepare.log" || status=1
-timeout "${GPU_TEST_TIMEOUT:-390}" python3 -m pytest -v -rA -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/pytest.log" || status=1
+timeout "${GPU_TEST_TIMEOUT:-390}" python3 -m pytest -v -rA -p no:cacheprovider tests/job/test_gpu.py 2>&1 | tee "$OUT/pytest.log" || status=1
 timeout "${GPU_BENCH_TIMEOUT:-200}" python -m scripts.bench.gpu_memory --out "$OUT/bench_gpu_memory.json" --steps 12 2>&1 \
     | tee "$OUT/bench_gpu_memory.log" || status=1
 echo "gpu_check: exit $status"

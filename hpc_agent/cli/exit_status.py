@@ -51,7 +51,7 @@ BY_COMMAND: Dict[str, Tuple[int, ...]] = {
     "init": (OK, USAGE),
     "config": (OK, USAGE),
 }
-"""The codes each command can return (tests/test_exit_status.py runs each one; docs/cli.md lists them)."""
+"""The codes each command can return (tests/unit/test_exit_status.py runs each one; docs/cli.md lists them)."""
 
 
 def markdown_table() -> str:

@@ -4,7 +4,7 @@ The command itself runs on the login node (``python3 -m hpc_agent <command> <arg
 call happens there through the usual adapters and nothing on the laptop has to stay alive: the watcher
 keeps running on the login node (systemd user unit or scrontab, :mod:`hpc_agent.watcher.service_files`).
 
-How the ssh command is built (pure functions, table-tested in tests/test_remote.py):
+How the ssh command is built (pure functions, table-tested in tests/unit/test_remote.py):
 
 * ssh always hands the remote login shell one *string*. Each argv word is ``shlex.quote``d exactly once and
   joined, so the remote shell splits it back into the same words; no value is ever pasted unquoted.

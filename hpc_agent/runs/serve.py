@@ -9,7 +9,7 @@ TensorBoard only requests that carry the token, as ``Authorization: Bearer <toke
 401. Tokens are compared with ``hmac.compare_digest`` (no timing leak).
 
 The pure half (:func:`bind_problem`, :func:`given_token`, :func:`authorized`) is table-tested; the proxy
-itself is exercised end to end in ``tests/test_review_serve.py``.
+itself is exercised end to end in ``tests/unit/test_review_serve.py``.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ same submission goes through :class:`hpc_agent.slurm.cli.SlurmCLI` (the one plac
 commands: an argv list and a timeout). Both of submitit's paths are covered: a single job
 (``_submit_command``) and a job array (``_internal_process_submissions``, which in submitit builds a
 plain ``SlurmExecutor`` for the array and would escape the override). The two methods follow submitit
-1.5.4's own, line for line, apart from the sbatch call (``tests/test_subprocess_timeouts.py`` checks).
+1.5.4's own, line for line, apart from the sbatch call (``tests/unit/test_subprocess_timeouts.py`` checks).
 
 A timed-out sbatch may still have queued the job (slurmctld got the request, the answer was lost), so
 :class:`SbatchTimedOut` must not be recorded as a refusal: the submitter leaves its intent open and the

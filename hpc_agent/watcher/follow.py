@@ -1,7 +1,7 @@
 """The watcher's pure core: ``follow(run state, observation) -> Outcome`` (new phase, effects, audit).
 
 No I/O, no clock: everything it needs is in its arguments, so every edge is table-tested
-(tests/test_follow.py) and a decision can be replayed from the ledger plus the recorded sacct text.
+(tests/unit/test_follow.py) and a decision can be replayed from the ledger plus the recorded sacct text.
 The watcher (``hpc_agent/watcher/loop.py``) observes, calls :func:`follow`, journals the outcome in one
 ledger transaction, then carries the effects out. Every phase change goes through
 ``lifecycle.transition``.

@@ -51,7 +51,7 @@ def json_verdict(returncode: int, stdout: str) -> Tuple[bool, str]:
     except (ValueError, KeyError, TypeError):
         return False, "sacct --json answered something that is not Slurm's JSON"
     if not exit_codes_reliable(doc):  # 22.05 reads SUCCESS/0 for a job that exited 3: the exit code table's
-        # causes would be lost (measured on the localhost cluster, tests/test_slurm_contract.py)
+        # causes would be lost (measured on the localhost cluster, tests/cluster/test_slurm_contract.py)
         return False, (f"Slurm {found[0]}.{found[1]:02d}'s sacct --json drops exit codes: reading text "
                        "(job names are checked against the run's, see hpc_agent/slurm/job_match.py)")
     return True, f"Slurm {found[0]}.{found[1]:02d}: reading sacct --json"

@@ -76,7 +76,7 @@ wait "$child"
 """
 
 
-# --- pure helpers (tests/test_bench_handover.py) ----------------------------------------------------------
+# --- pure helpers (tests/unit/test_bench_handover.py) ----------------------------------------------------------
 def ctld_times(lines: Sequence[str], victim: str, preemptor: str, continuation: Optional[str]) -> Dict[str, float]:
     """The milestones of one trial from slurmctld log lines (first occurrence of each), as epoch seconds."""
     from scripts.bench.recovery import parse_stamp

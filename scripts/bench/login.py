@@ -23,7 +23,7 @@ TARGET_S = 0.5
 TARGET_RATIO = 0.3
 
 
-# --- pure helpers (tests/test_bench_login.py) --------------------------------------------------------------
+# --- pure helpers (tests/unit/test_bench_login.py) --------------------------------------------------------------
 def schedule(runs: int, names: Sequence[str]) -> List[Tuple[int, str]]:
     """(round, name) pairs: every name once a round, the order reversed on odd rounds."""
     out = []

@@ -44,7 +44,7 @@ TARGETS = {"mfu_min": 0.45, "mfu_model": "350m", "ckpt_penalty_max": 0.25}
 FORMULA = "6 * N_matmul + 12 * n_layers * d_model * seq_len FLOPs per token (recomputation not counted)"
 
 
-# ---- pure helpers (tests/test_bench_mfu.py) ---------------------------------------------------------------
+# ---- pure helpers (tests/job/test_bench_mfu.py) ---------------------------------------------------------------
 def matmul_params(n_layers: int, d_model: int, seq_len: int, vocab: int) -> int:
     """Parameters of ByteGPT minus its two embedding tables (token and position lookups do no matmul)."""
     return gpt_param_count(n_layers, d_model, seq_len, vocab) - vocab * d_model - seq_len * d_model

@@ -47,7 +47,7 @@ MBS = (4, 6, 8, 12, 16, 32)
 SHAPES = ((1, 32, 32), (2, 32, 32), (2, 64, 32), (3, 64, 64))  # (n_layers, d_model, seq_len)
 
 
-# --- pure helpers (tests/test_bench_oom_repair.py) ---------------------------------------------------------
+# --- pure helpers (tests/unit/test_bench_oom_repair.py) ---------------------------------------------------------
 def _shape_overrides(rng: random.Random) -> Dict[str, object]:
     layers, width, seq = rng.choice(SHAPES)
     return {"model.n_layers": layers, "model.d_model": width, "model.n_heads": 4, "model.seq_len": seq,

@@ -76,7 +76,7 @@ MILESTONES = (
 MILESTONE_NAMES = [name for name, _ in MILESTONES]
 
 
-# --- pure helpers (tests/test_bench_recovery.py) ---------------------------------------------------------
+# --- pure helpers (tests/unit/test_bench_recovery.py) ---------------------------------------------------------
 def parse_stamp(text: str) -> float:
     """'2026-11-30T12:40:05.536' or '2026-11-30 12:40:05,536' (local time, as Slurm and submitit log) -> epoch."""
     return dt.datetime.fromisoformat(text.replace(",", ".").replace(" ", "T")).timestamp()

@@ -48,7 +48,7 @@ FIRST_JOB_ID = 9_000_000
 PENDING_EVERY = 10  # one run in ten is queued, the rest run
 
 
-# --- pure helpers (tests/test_bench_watch_load.py) ----------------------------------------------------------
+# --- pure helpers (tests/unit/test_bench_watch_load.py) ----------------------------------------------------------
 def synthetic_sacct(job_ids: Sequence[str], fields: Sequence[str] = SACCT_FIELDS,
                     pending_every: int = PENDING_EVERY) -> str:
     """A ``sacct --parsable2`` answer for these jobs: an allocation row each (RUNNING, or PENDING for every

@@ -1,7 +1,7 @@
 """Issue 19 part 6, must-show: a webhook notification is received by a local HTTP server when a run gives
 up, and a failing notifier is logged and survived.
 
-One run fails with a code error (the watcher gives up on it: tests/test_watch_slurm.py) with a webhook to a
+One run fails with a code error (the watcher gives up on it: tests/cluster/test_watch_slurm.py) with a webhook to a
 local server and a command notifier that exits 3. The server must get exactly one ``gave_up`` event naming
 the run and the cause, the watcher log and the run's audit trail must show the command's failure, and the
 watcher must go on: a second run, submitted afterwards, is followed to completion and announced.

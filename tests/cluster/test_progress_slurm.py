@@ -81,7 +81,7 @@ def test_sweep_without_a_watcher_judges_failed_trials_and_reports_them(root, tmp
     import optuna
 
     from hpc_agent.state.ledger import Ledger
-    from tests.test_sweep_slurm import study_of, sweep_cmd, sweep_file
+    from tests.cluster.test_sweep_slurm import study_of, sweep_cmd, sweep_file
 
     root.mkdir(parents=True)
     path = sweep_file(tmp_path, "fails")

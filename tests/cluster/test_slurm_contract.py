@@ -25,7 +25,7 @@ from tests.helpers.fake_slurm import FakeSlurm
 from tests.slurm_contract import TS, FakeCluster, RealCluster, check_row_formats, step
 from tests.slurm_helpers import settle_cluster
 
-DATA = Path(__file__).resolve().parent / "data" / "contract"
+DATA = Path(__file__).resolve().parents[1] / "data" / "contract"
 # keeps_jobs: the job preempted at the start stays in the queue across this module's tests.
 BACKENDS = ["FakeSlurm", pytest.param("real", marks=[pytest.mark.slurm, pytest.mark.keeps_jobs])]
 

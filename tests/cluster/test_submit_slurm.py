@@ -40,7 +40,7 @@ def test_quickstart_completes_as_srun_step(tmp_path):
 
 def test_an_error_after_sbatch_leaves_the_real_job_followed(tmp_path, monkeypatch, capsys):
     """run.json cannot be written after sbatch succeeded: the job is in Slurm, the ledger has its id, the run
-    stays pending (followed by watch), and the user is told so (tests/test_submit_orphans.py: every other case)."""
+    stays pending (followed by watch), and the user is told so (tests/unit/test_submit_orphans.py: every other case)."""
     from hpc_agent.jobs import submission
     from hpc_agent import submit
     from hpc_agent.state.ledger import Ledger

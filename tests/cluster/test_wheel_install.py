@@ -25,7 +25,7 @@ except ImportError:  # Python 3.10
 import hpc_agent
 from hpc_agent.core import paths
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED_IN_WHEEL = ["hpc_agent/shipped/configs/base.yaml", "hpc_agent/shipped/configs/quickstart.yaml",
                     "hpc_agent/shipped/configs/profiles/localhost.yaml",
                     "hpc_agent/shipped/sbatch_templates/default.yaml", "launch/data/corpus.txt"]

@@ -3,7 +3,7 @@
 It keeps jobs and their attempts the way slurmctld + slurmdbd do, and answers the commands hpc_agent sends
 (sbatch, sacct, squeue, scontrol requeue/update/release/hold/show job, scancel, sinfo) in the text shapes
 Slurm 22.05 prints. Those shapes were captured on the localhost cluster (scripts/cluster.sh) and are kept in
-tests/data/contract/; tests/test_slurm_contract.py runs one contract suite against this fake and the real
+tests/data/contract/; tests/cluster/test_slurm_contract.py runs one contract suite against this fake and the real
 cluster, so a drift of the fake from Slurm fails there.
 
 The test drives what the job itself does (or what happens to it)::
@@ -667,7 +667,7 @@ class FakeSlurm:
         """``sacct --json`` as 22.05 (openapi dbv0.0.38) prints it: one record per attempt with its steps, the
         fields hpc_agent.slurm.sacct_json reads in their 22.05 shapes. Like 22.05, an exit code reads
         SUCCESS/0 unless a signal ended the job (text mode says 3:0 where JSON says 0: measured, see
-        tests/test_slurm_contract.py); unstarted array tasks are one record with a task bitmap."""
+        tests/cluster/test_slurm_contract.py); unstarted array tasks are one record with a task bitmap."""
         jobs: List[Dict[str, object]] = []
         collapsed: Dict[str, Dict[str, object]] = {}
         for _, job, a in records:

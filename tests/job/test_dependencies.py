@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = ("hpc_agent", "launch")
 FIRST_PARTY = {"hpc_agent", "launch"}
 # Imported, but by design provided by no distribution: each needs its reason.

@@ -138,7 +138,7 @@ def test_fp16_engine_starts_at_our_loss_scale():
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", _FP16_ENGINE], capture_output=True, text=True, timeout=300,
                          cwd=repo, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     if "SKIP" in out.stdout:

@@ -68,7 +68,7 @@ def test_host_alloc_only_on_rank0():
      ["fault: raising an error (a code bug) at step 2", "RuntimeError: injected code bug at step 2"]),
 ])
 def test_fault_exit_codes(tmp_path, fault, code, needles):
-    # in_job_retries 0: the exit codes the watcher acts on (in-job repairs: tests/test_in_job_recovery.py)
+    # in_job_retries 0: the exit codes the watcher acts on (in-job repairs: tests/job/test_in_job_recovery.py)
     cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 4, "ckpt_every": 4}, faults=fault,
                    resilience={"in_job_retries": 0})
     result = run(cfg, tmp_path / "run")

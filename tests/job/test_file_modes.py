@@ -123,7 +123,7 @@ def test_a_submitted_run_and_a_watcher_tick_create_nothing_readable_by_others(tm
     from hpc_agent.config.load import write_run_config
     from hpc_agent.watcher.loop import Watcher
     from tests.helpers.fake_slurm import FakeSlurm
-    from tests.test_watcher import OOM_LOG, FakeSubmitter
+    from tests.unit.test_watcher import OOM_LOG, FakeSubmitter
 
     root = tmp_path / "runs"
     with umask(mask):

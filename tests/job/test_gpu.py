@@ -4,8 +4,8 @@ a real CUDA out-of-memory error and its diagnosis, and the GPU health check thro
 
 Every test here skips without a CUDA GPU: DeepSpeed has no FP16 training on the CPU, and these tests
 are about what the CUDA build does (its kernels, its allocator's error text, NVML). The CPU machines
-cover the same code in BF16/FP32 (tests/test_train_cpu.py, tests/test_resume.py). On a GPU machine:
-``python -m pytest tests/test_gpu.py``.
+cover the same code in BF16/FP32 (tests/job/test_train_cpu.py, tests/job/test_resume.py). On a GPU machine:
+``python -m pytest tests/job/test_gpu.py``.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from hpc_agent.core.heartbeat_format import MAX_BYTES, PHASES, STACK_SIGNAL, STA
 from hpc_agent.diagnosis.hang import group_stacks
 from launch.heartbeat import Heartbeat, rank_and_world
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOW = 1_750_000_000.0
 BEAT = Beat(job_id="4242", attempt=1, rank=0, world=2, host="node1", pid=77, phase="training", phase_since=NOW - 50,
             step=12, step_at=NOW - 1, start_step=4, recent_step_s=(0.5, 0.6, 0.55), started_at=NOW - 60,

@@ -3,7 +3,7 @@
 The action types are enumerated from the code: every effect the watcher can carry out (``effects._HANDLERS``,
 bar the ones ``audit.NOT_ACTIONS`` names) is journaled, carried out against the canonical FakeSlurm and must
 leave exactly one action record. A new effect kind without a case here, or not in ``audit.ACTIONS``, fails.
-The sweep's and the submit CLI's actions are covered in tests/test_sweep.py and tests/test_submit_orphans.py."""
+The sweep's and the submit CLI's actions are covered in tests/unit/test_sweep.py and tests/unit/test_submit_orphans.py."""
 from __future__ import annotations
 
 import getpass
@@ -20,7 +20,7 @@ from hpc_agent.watcher.follow_model import (Adopt, Cancel, Exclude, Expedite, Ou
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.lifecycle import Phase
 from hpc_agent.runs.plot import boundary_labels
-from tests.test_watcher import OOM_LOG, add_run, world  # noqa: F401 (world: the fixture)
+from tests.unit.test_watcher import OOM_LOG, add_run, world  # noqa: F401 (world: the fixture)
 
 PATCH = {"train.micro_batch_size": 4}
 DIFF = {"train.micro_batch_size": {"from": 8, "to": 4}}
@@ -31,7 +31,7 @@ CASES = {
     "resubmit": ("failed", lambda job: Resubmit(job, PATCH, "gpu_oom: halve micro_batch"), True),
     "exclude": ("pending", lambda job: Exclude(job, "node1", {"slurm.exclude": "node1"}), True),
     "cancel": ("running", lambda job: Cancel(job), False),
-    "request_stacks": ("running", lambda job: RequestStacks(job), False),  # a hung job (tests/test_follow_hang.py)
+    "request_stacks": ("running", lambda job: RequestStacks(job), False),  # a hung job (tests/unit/test_follow_hang.py)
     "release_lease": ("failed", lambda job: ReleaseLease(job), False),
     "adopt": ("pending", lambda job: Adopt(job, "99999"), False),  # the job handed over to 99999 (handback.py)
 }

@@ -326,17 +326,6 @@ def test_trigger_looks_at_the_file_at_most_every_poll_interval(tmp_path, monkeyp
     assert looks() == 2
 
 
-def test_trigger_gpu_oom_raises_a_cuda_style_error_from_the_next_forward_only(tmp_path):
-    import torch
-
-    _write(tmp_path, kind="gpu_oom", nonce="g")
-    trig = _trigger(tmp_path)
-    trig.before_step(9)  # armed here; raised where a real OOM happens, inside the step's forward
-    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory.*nonce g"):
-        trig.loss(torch.tensor(1.0))
-    assert float(trig.loss(torch.tensor(2.0))) == 2.0  # once
-
-
 def test_trigger_ignores_unknown_kinds(tmp_path, capsys):
     (tmp_path / "chaos").mkdir()
     (tmp_path / "chaos" / "inject.json").write_text(json.dumps({"kind": "flood", "nonce": "x"}))
@@ -365,7 +354,7 @@ def test_kill_during_save_stalls_before_the_marker(tmp_path):
     checkpoint that the resume skips."""
     from hpc_agent.core.checkpoint_format import MARKER, scan, select, tag_for
     from launch.checkpoint import save
-    from tests.test_checkpoint import FakeEngine
+    from tests.job.test_checkpoint import FakeEngine
 
     _write(tmp_path, kind="kill_during_save", nonce="k", stall_s=0)
     trig = _trigger(tmp_path)

@@ -17,7 +17,7 @@ from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, host_by_rank, par
 from hpc_agent.metrics.alarm_kinds import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm
 from hpc_agent.slurm.sacct import attempts_of, parse_sacct
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def attempts(name: str, job_id: str):

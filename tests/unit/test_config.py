@@ -82,7 +82,7 @@ def test_injection_is_rejected(key, payload):
 
 @pytest.mark.parametrize("payload", ["x;touch /tmp/pwned", "x`id`", "x$(id)", "x#comment", "x && touch /tmp/pwned"])
 def test_runs_root_is_a_path_quoted_not_a_blacklist(payload):
-    """A directory may be called that: the renderer quotes it once (tests/test_job_script_hostile.py runs it)."""
+    """A directory may be called that: the renderer quotes it once (tests/unit/test_job_script_hostile.py runs it)."""
     assert build_config([{"run": {"name": "ok", "runs_root": payload}}]).run.runs_root == payload
 
 

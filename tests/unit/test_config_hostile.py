@@ -19,7 +19,7 @@ import pytest
 from hpc_agent import submit
 from hpc_agent.config.yaml_safe import MAX_BYTES, MAX_DEPTH
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "s3cr3t-token-value"
 
 

@@ -22,9 +22,9 @@ from hpc_agent.config.problems import ConfigError
 from hpc_agent.core import rundir
 from hpc_agent.jobs import containers, executor
 from hpc_agent.jobs.executor import render_job_script
-from tests.test_job_script_hostile import hostile_path
+from tests.unit.test_job_script_hostile import hostile_path
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RUN_DIR = Path("/runs/quickstart-20260101-000000")
 REPO = Path("/opt/hpc_agent")
 DIGEST = "sha256:" + "0123456789abcdef" * 4

@@ -20,7 +20,7 @@ from hpc_agent.slurm.sacct import SACCT_FIELDS
 from tests.conftest import run_cli
 from tests.helpers.fake_slurm import FakeSlurm
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 SACCT = DATA / "sacct"
 LOGS = DATA / "logs"
 

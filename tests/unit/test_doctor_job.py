@@ -1,16 +1,14 @@
-"""doctor's job-python check (hpc_agent/checks/job_python.py): a fake runner for OK/FAIL/timeout, and the real cluster."""
+"""doctor's job-python check (hpc_agent/checks/job_python.py): a fake runner for OK/FAIL/timeout (the real cluster:
+tests/cluster/test_doctor_job_slurm.py)."""
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
-import pytest
 
 from hpc_agent.checks import job_python
 from hpc_agent.config.load import load_config
 from hpc_agent.slurm.cli import Result, SlurmCLI, SlurmError
-from tests.conftest import run_cli
 
 HERE = "%d.%d" % sys.version_info[:2]
 
@@ -116,19 +114,6 @@ def test_the_probe_is_an_argv_list_through_the_slurm_adapter(monkeypatch):
     monkeypatch.setattr(subprocess, "run", fake_run)
     assert _check(SlurmCLI())[0] == "OK"
     assert isinstance(seen["argv"], list) and seen["timeout"] == job_python.TIMEOUT_S and not seen.get("shell")
-
-
-@pytest.mark.slurm
-def test_doctor_job_python_on_the_real_cluster():
-    start = time.monotonic()
-    ok = run_cli("-m", "hpc_agent.doctor", "quickstart", timeout=120)
-    line = next(l for l in ok.stdout.splitlines() if "job python" in l)
-    assert line.startswith("OK") and "imports hpc_agent and submitit" in line, ok.stdout
-    bad = run_cli("-m", "hpc_agent.doctor", "quickstart", "slurm.python=/nonexistent/bin/python", timeout=120)
-    line = next(l for l in bad.stdout.splitlines() if "job python" in l)
-    assert bad.returncode == 1 and line.startswith("FAIL"), bad.stdout
-    assert "/nonexistent/bin/python does not exist on node" in line and "set slurm.python to a venv" in line
-    assert time.monotonic() - start < 120
 
 
 def test_doctor_finds_your_code_as_submit_will(tmp_path):

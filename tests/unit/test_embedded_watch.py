@@ -143,7 +143,7 @@ def test_submit_wait_ends_on_the_watchers_verdict_not_on_the_first_job(tmp_path,
 
     from hpc_agent.watcher import submit_wait
     from hpc_agent.state.ledger import Ledger
-    from tests.test_progress_view import FakeSlurm, _run
+    from tests.unit.test_progress_view import FakeSlurm, _run
 
     ledger = Ledger.in_runs_root(tmp_path)
     _run(tmp_path, ledger, "r", "50")

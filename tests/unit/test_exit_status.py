@@ -22,7 +22,7 @@ from tests.conftest import REPO
 SACCT = REPO / "tests" / "data" / "sacct"
 SWEEP_FILE = ("objective: {tag: eval/macro_f1, direction: maximize}\n"
               "params: {train.lr: {low: 0.1, high: 1}}\ntrials: 2\nparallel: 1\n")
-BIG = ["model.n_layers=24", "model.d_model=1024", "model.seq_len=4096", "model.n_heads=16",  # tests/test_preflight.py
+BIG = ["model.n_layers=24", "model.d_model=1024", "model.seq_len=4096", "model.n_heads=16",  # tests/unit/test_preflight.py
        "train.micro_batch_size=16", "train.precision=bf16", "train.zero_stage=1", "slurm.gpus_per_node=1",
        "slurm.gpu_memory_gib=8"]
 

@@ -1,7 +1,7 @@
 """The watcher's pure core, edge by edge: (run state, observation) -> (phase, effects, audit).
 
-No ledger, no Slurm, no files: every input is a value. tests/test_watcher.py drives the same core through
-the watcher with a fake Slurm; tests/test_watch_slurm.py through the real cluster.
+No ledger, no Slurm, no files: every input is a value. tests/unit/test_watcher.py drives the same core through
+the watcher with a fake Slurm; tests/cluster/test_watch_slurm.py through the real cluster.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_exclude_patch_and_decision_row_for_the_failed_node():
 
 
 @pytest.mark.parametrize("run, rows, expected", [
-    (state(), (row("RUNNING"),), Wants(live=True)),  # heartbeats only (tests/test_follow_hang.py)
+    (state(), (row("RUNNING"),), Wants(live=True)),  # heartbeats only (tests/unit/test_follow_hang.py)
     (state(), (row("PENDING"),), Wants()),
     (state(), (row("REQUEUED"),), Wants(queue=True, files=True)),
     (state(), (row("REQUEUED"), row("PENDING")), Wants(files=True)),

@@ -3,7 +3,7 @@
 Suspicion -> stacks asked; stacks arrive (or stack_wait_s passes) -> cancel + resubmit with the evidence;
 the verdict vanishes -> the suspicion is dropped; the same hang twice -> stop; ``slurm.exclude`` only when a
 stuck rank's host is one of the job's Slurm nodes; a watcher killed between the journal and the effects
-carries them out once. tests/test_hang_slurm.py runs it on the real cluster.
+carries them out once. tests/cluster/test_hang_slurm.py runs it on the real cluster.
 """
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def _world(tmp_path):
     from hpc_agent.state.ledger import Ledger
     from hpc_agent.config.load import write_run_config
     from tests.helpers.fake_slurm import FakeSlurm
-    from tests.test_watcher import FakeSubmitter
+    from tests.unit.test_watcher import FakeSubmitter
 
     slurm = FakeSlurm()
     root = tmp_path / "runs"

@@ -59,7 +59,7 @@ def _check(outcome) -> None:
 
 def _load(path: Path):
     """What ``load_config`` does with a file, minus the base layer: read it safely, then build and
-    validate (the CLI itself is exercised by tests/test_config_hostile.py)."""
+    validate (the CLI itself is exercised by tests/unit/test_config_hostile.py)."""
     try:
         return build_config([load_mapping(path)])
     except ConfigError as exc:

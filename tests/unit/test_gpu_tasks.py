@@ -12,7 +12,7 @@ from hpc_agent.config.problems import ConfigError
 from hpc_agent.core import paths
 
 CONFIGS = sorted(paths.configs_dir().glob("*.yaml"))
-NOT_TRAINING = {"chaos_ci_schedule": "a chaos schedule", "sweep_classifier": "a sweep spec (tests/test_sweep*.py)"}
+NOT_TRAINING = {"chaos_ci_schedule": "a chaos schedule", "sweep_classifier": "a sweep spec (tests/unit/test_sweep*.py)"}
 
 
 def mismatch_problems(gpus: int, tasks: int, *extra: str) -> list:

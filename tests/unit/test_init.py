@@ -1,6 +1,6 @@
 """`hpc-agent init` and the template lookup order it relies on (hpc_agent.core.paths.template_dirs): a project's
 sbatch_templates/ next to the config file, then in the current directory, then the shipped folder
-(HPC_AGENT_HOME, the wheel, the checkout). The wheel's end-to-end path: tests/test_wheel_install.py."""
+(HPC_AGENT_HOME, the wheel, the checkout). The wheel's end-to-end path: tests/cluster/test_wheel_install.py."""
 from __future__ import annotations
 
 from pathlib import Path

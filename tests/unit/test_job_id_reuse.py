@@ -13,7 +13,7 @@ from hpc_agent.watcher.observe import json_verdict
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from hpc_agent.sweep.batch import array_name
 from hpc_agent.sweep.spec import trial_run_id
-from tests.test_watcher import OOM_LOG, acting, add_run, world  # noqa: F401 - the fixture
+from tests.unit.test_watcher import OOM_LOG, acting, add_run, world  # noqa: F401 - the fixture
 
 INTENT = _dt.datetime(2026, 12, 1, 12, 0, 0).timestamp()
 HEADER = "JobID|JobName|State|ExitCode|NodeList|Start|End|Submit|Comment"

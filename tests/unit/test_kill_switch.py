@@ -15,7 +15,7 @@ from hpc_agent.sweep.batch import array_name
 from hpc_agent.sweep.driver import A_JOB, A_PRUNED
 from hpc_agent.watch import main as watch_main
 from tests.helpers.fake_slurm import FakeSlurm
-from tests.test_sweep import make_driver
+from tests.unit.test_sweep import make_driver
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ACTING = ("sbatch", "scancel", "scontrol")

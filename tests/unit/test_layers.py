@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("hpc_agent", "launch")
 SHARED = ("core", "config", "slurm", "diagnosis", "metrics", "policy")
 """The torch-free packages both sides use: the only ones launch/ may import."""
@@ -210,16 +210,20 @@ def package_cycles(tree: Tree) -> List[str]:
     return out
 
 
-def launch_imports_only_shared(tree: Tree) -> List[str]:
+def _modules(tree: Tree, only: Optional[str]) -> List[Module]:
+    return [m for m in tree.modules.values() if only is None or m.name == only]
+
+
+def launch_imports_only_shared(tree: Tree, only: Optional[str] = None) -> List[str]:
     allowed = ("hpc_agent",) + tuple(f"hpc_agent.{p}" for p in SHARED)
-    return [f"{m.path.relative_to(tree.root)}:{line}: imports {target}" for m in tree.modules.values()
+    return [f"{m.path.relative_to(tree.root)}:{line}: imports {target}" for m in _modules(tree, only)
             if m.name.split(".")[0] == "launch" for target, line, _ in m.imports
             if target.startswith("hpc_agent") and not (target in allowed or target.startswith(tuple(a + "." for a in allowed[1:])))]
 
 
-def login_side_imports_launch_only_at_bridges(tree: Tree) -> List[str]:
+def login_side_imports_launch_only_at_bridges(tree: Tree, only: Optional[str] = None) -> List[str]:
     return [f"{m.path.relative_to(tree.root)}:{line}: imports {target} (bridges: {sorted(BRIDGES)})"
-            for m in tree.modules.values() if m.name.split(".")[0] == "hpc_agent" and m.name not in BRIDGES
+            for m in _modules(tree, only) if m.name.split(".")[0] == "hpc_agent" and m.name not in BRIDGES
             for target, line, _ in m.imports if target.split(".")[0] == "launch"]
 
 
@@ -230,9 +234,9 @@ def top_holds_only_commands(tree: Tree) -> List[str]:
             and m.path.name != "__init__.py" and m.name not in commands]
 
 
-def nothing_below_a_command_imports_one(tree: Tree) -> List[str]:
+def nothing_below_a_command_imports_one(tree: Tree, only: Optional[str] = None) -> List[str]:
     commands = tree.commands()
-    return [f"{m.path.relative_to(tree.root)}:{line}: imports the command {target}" for m in tree.modules.values()
+    return [f"{m.path.relative_to(tree.root)}:{line}: imports the command {target}" for m in _modules(tree, only)
             if m.name not in commands for target, line, _ in m.imports if target in commands]
 
 
@@ -270,9 +274,9 @@ def _used_names(module: ast.Module) -> Set[str]:
     return used
 
 
-def no_reexport_shims(tree: Tree) -> List[str]:
+def no_reexport_shims(tree: Tree, only: Optional[str] = None) -> List[str]:
     out = []
-    for m in tree.modules.values():
+    for m in _modules(tree, only):
         if m.path.name == "__init__.py":
             out += [f"{m.path.relative_to(tree.root)}:{node.lineno}: a package __init__ imports (re-exports) "
                     f"{ast.unparse(node)!r}: import from the module itself" for node in m.tree.body
@@ -297,9 +301,9 @@ def no_two_modules_share_a_name(tree: Tree) -> List[str]:
             for n, count in sorted(names.items()) if count > 1]
 
 
-def pure_core_does_no_io(tree: Tree, pure: Set[str] = PURE_CORE) -> List[str]:
+def pure_core_does_no_io(tree: Tree, pure: Set[str] = PURE_CORE, only: Optional[str] = None) -> List[str]:
     out = []
-    for name in sorted(pure):
+    for name in sorted(n for n in pure if only is None or n == only):
         m = tree.modules.get(name)
         if m is None:
             out.append(f"{name}: listed as pure core but not found")
@@ -309,30 +313,37 @@ def pure_core_does_no_io(tree: Tree, pure: Set[str] = PURE_CORE) -> List[str]:
     return out
 
 
-RULES = [module_cycles, package_cycles, launch_imports_only_shared, login_side_imports_launch_only_at_bridges,
-         top_holds_only_commands, nothing_below_a_command_imports_one, commands_import_nothing_heavy,
-         no_reexport_shims, no_two_modules_share_a_name, pure_core_does_no_io]
+WHOLE_TREE_RULES = [module_cycles, package_cycles, top_holds_only_commands, commands_import_nothing_heavy,
+                    no_two_modules_share_a_name]
+MODULE_RULES = [launch_imports_only_shared, login_side_imports_launch_only_at_bridges,
+                nothing_below_a_command_imports_one, no_reexport_shims, pure_core_does_no_io]
+"""Rules about one module's own imports: checked module by module, so a failure names the module."""
+RULES = WHOLE_TREE_RULES + MODULE_RULES
+REPO_TREE = Tree(REPO)
 
 
-@pytest.fixture(scope="module")
-def repo_tree() -> Tree:
-    return Tree(REPO)
-
-
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
-def test_the_checkout_keeps_the_rule(rule, repo_tree):
-    problems = rule(repo_tree)
+@pytest.mark.parametrize("rule", WHOLE_TREE_RULES, ids=lambda r: r.__name__)
+def test_the_checkout_keeps_the_rule(rule):
+    problems = rule(REPO_TREE)
     assert problems == [], f"{rule.__name__}:\n" + "\n".join(problems)
 
 
-def test_the_tree_is_read_whole(repo_tree):
+@pytest.mark.parametrize("module", sorted(REPO_TREE.modules))
+def test_each_module_keeps_the_rules_about_its_imports(module):
+    problems = [p for rule in MODULE_RULES for p in rule(REPO_TREE, only=module)]
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_tree_is_read_whole():
     """A rule that sees nothing passes for the wrong reason: the walk must find the packages and the commands."""
+    repo_tree = REPO_TREE
     assert len(repo_tree.modules) > 150
     packages = {repo_tree.package_of(m) for m in repo_tree.modules}
     assert {f"hpc_agent.{p}" for p in SHARED} | {"launch", "hpc_agent.state", "hpc_agent.watcher"} <= packages
     assert {"hpc_agent.submit", "hpc_agent.watch", "hpc_agent.sweep.__main__", "hpc_agent.config.__main__",
             "hpc_agent.chaos.__main__"} <= repo_tree.commands()
     assert any(t == "hpc_agent.core.rundir" for t, _, _ in repo_tree.modules["launch.engine"].imports)
+    assert set(BRIDGES) | PURE_CORE <= set(repo_tree.modules), "a bridge or a pure-core module was renamed: update the lists"
 
 
 # --- each rule on a planted violation ----------------------------------------------------------------------------
@@ -411,3 +422,81 @@ def test_an_import_at_module_level_of_a_heavy_library_counts_only_there(tmp_path
     assert commands_import_nothing_heavy(plant(tmp_path / "eager", eager)) == [
         "hpc_agent.sweep.__main__ imports torch at module level: hpc_agent.core.b <- hpc_agent.sweep.__main__ "
         "(hpc_agent/core/b.py:1)"]
+
+
+# --- the tests follow the same map -------------------------------------------------------------------------------
+TEST_DIRS = ("unit", "job", "cluster")
+JOB_HELPERS = ("helpers.common", "tests.helpers.common", "helpers.runner", "tests.helpers.runner")
+"""Test helpers that start the training job."""
+
+
+def _heavy_at_import(tree: Tree) -> Set[str]:
+    """First-party modules that import torch or deepspeed when imported (at their top, through any chain)."""
+    edges = tree.edges(module_level_only=True)
+    heavy = {m.name for m in tree.modules.values() if any(lib in ("torch", "deepspeed") and top for lib, _, top in m.external)}
+    grew = True
+    while grew:
+        grew = False
+        for name, targets in edges.items():
+            if name not in heavy and targets & heavy:
+                heavy.add(name)
+                grew = True
+    return heavy
+
+
+def misplaced_tests(tests_root: Path, tree: Tree) -> List[str]:
+    """tests/unit: no Slurm, no torch or DeepSpeed (imported or reached), no job started; tests/job: no Slurm;
+    tests/cluster: every file needs the real cluster; no test file outside the three."""
+    out = [f"{p.relative_to(tests_root.parent)}: a test outside tests/{{{','.join(TEST_DIRS)}}}"
+           for p in sorted(tests_root.glob("test_*.py"))]
+    heavy = _heavy_at_import(tree)
+    for kind in TEST_DIRS:
+        for path in sorted((tests_root / kind).glob("test_*.py")):
+            rel = path.relative_to(tests_root.parent)
+            source = path.read_text(encoding="utf-8")
+            parsed = ast.parse(source, str(path))
+            slurm = any(isinstance(n, ast.Attribute) and n.attr == "slurm" and isinstance(n.value, ast.Attribute)
+                        and n.value.attr == "mark" for n in ast.walk(parsed))
+            if kind == "cluster" and not slurm:
+                out.append(f"{rel}: nothing in it needs the cluster (no pytest.mark.slurm): tests/unit or tests/job")
+            if kind != "cluster" and slurm:
+                out.append(f"{rel}: a slurm test outside tests/cluster")
+            if kind != "unit":
+                continue
+            for node in ast.walk(parsed):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                         if isinstance(node, ast.ImportFrom) and node.module else [])
+                for name in names:
+                    if name.split(".")[0] in ("torch", "deepspeed") or name in heavy or name in JOB_HELPERS:
+                        out.append(f"{rel}:{node.lineno}: imports {name} (torch, DeepSpeed or the job): tests/job")
+                        break
+    return out
+
+
+def test_the_misplaced_tests():
+    problems = misplaced_tests(REPO / "tests", REPO_TREE)
+    assert problems == [], "\n".join(problems)
+    assert all(any((REPO / "tests" / kind).glob("test_*.py")) for kind in TEST_DIRS)
+
+
+@pytest.mark.parametrize("where, source, expected", [
+    ("test_loose.py", "def test_x():\n    pass\n", "tests/test_loose.py: a test outside"),
+    ("unit/test_t.py", "def test_x():\n    import torch\n", "tests/unit/test_t.py:2: imports torch"),
+    ("unit/test_t.py", "from launch.train import main\n", "tests/unit/test_t.py:1: imports launch.train"),
+    ("unit/test_t.py", "from helpers.common import run\n", "tests/unit/test_t.py:1: imports helpers.common"),
+    ("unit/test_t.py", "import pytest\n\n\n@pytest.mark.slurm\ndef test_x():\n    pass\n", "a slurm test outside"),
+    ("job/test_t.py", "import pytest\n\npytestmark = pytest.mark.slurm\n", "a slurm test outside"),
+    ("cluster/test_t.py", "def test_x():\n    pass\n", "nothing in it needs the cluster"),
+])
+def test_the_tests_map_reports_a_planted_misplaced_test(tmp_path, where, source, expected):
+    tree = plant(tmp_path / "src", {})
+    tests = tmp_path / "tests"
+    for kind in TEST_DIRS:
+        (tests / kind).mkdir(parents=True)
+    (tests / "cluster" / "test_ok.py").write_text("import pytest\n\npytestmark = pytest.mark.slurm\n")
+    (tests / "unit" / "test_ok.py").write_text("from hpc_agent.core.b import helper\n")
+    assert misplaced_tests(tests, tree) == []
+    (tests / where).write_text(source)
+    problems = misplaced_tests(tests, tree)
+    assert any(expected in p for p in problems), problems

@@ -1,7 +1,7 @@
 """The run state machine, tested by what runs go through rather than by the table against itself.
 
 * scenarios: a run's whole life as a sequence of events, with the phase after each step (what to do on an
-  edge is the follow core's: its effects are tested in tests/test_follow.py);
+  edge is the follow core's: its effects are tested in tests/unit/test_follow.py);
 * edges that must not exist (a second submission, a parked run that starts, anything after the end);
 * the graph: every phase can be reached, and every live phase can still end;
 * ``Ledger.advance`` writes the phase only along an edge;
@@ -19,7 +19,7 @@ from hpc_agent.state.lifecycle import (EDGES, FOLLOWED, TERMINAL, Action, Event,
                                        transition)
 
 P, K, A = Phase, EventKind, Action
-PACKAGE = Path(__file__).resolve().parent.parent / "hpc_agent"
+PACKAGE = Path(__file__).resolve().parents[2] / "hpc_agent"
 
 # Files under hpc_agent/ allowed to call ``.set_phase(`` directly. ledger.py defines it (advance calls it);
 # watcher.py is being rewritten onto Ledger.advance and leaves this list when that is done.

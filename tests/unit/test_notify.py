@@ -20,7 +20,7 @@ from hpc_agent.watcher.notify_events import Notification, notifications_for, pau
 from hpc_agent.policy.decide import PastAttempt, retries_left
 from hpc_agent.config.load import write_run_config
 from tests.helpers.webhook import Receiver, closed_port_url
-from tests.test_watcher import CODE_LOG, add_run, world  # noqa: F401 - the fake-Slurm watcher fixture
+from tests.unit.test_watcher import CODE_LOG, add_run, world  # noqa: F401 - the fake-Slurm watcher fixture
 
 STOP = {"job_id": "7", "attempt": 1, "cause": "code_error", "decision": {"action": "stop", "reason": "code error: fix it"}}
 

@@ -1,6 +1,6 @@
 """Cluster profiles (docs/profiles.md): parsing and checks, lookup order, layering, the GPU request style and
 activation lines in the job script, the snapshot's record, and doctor's profile checks against fakes. Pure:
-no Slurm (the real-cluster half is tests/test_profiles_slurm.py)."""
+no Slurm (the real-cluster half is tests/cluster/test_profiles_slurm.py)."""
 from __future__ import annotations
 
 import subprocess

@@ -185,7 +185,7 @@ def _pull_round(run_dir, mirror, state, budget=tb_pull.BUDGET):
 
 
 def test_export_and_apply_mirror_incrementally(tmp_path):
-    from tests.test_review import RUN_ID, make_run
+    from tests.unit.test_review import RUN_ID, make_run
 
     run_dir = make_run(tmp_path / "runs")
     mirror, state = tmp_path / "mirror", {}
@@ -206,7 +206,7 @@ def test_export_and_apply_mirror_incrementally(tmp_path):
 
 
 def test_a_small_budget_takes_several_rounds_and_a_replaced_file_starts_over(tmp_path):
-    from tests.test_review import RUN_ID, make_run
+    from tests.unit.test_review import RUN_ID, make_run
 
     run_dir = make_run(tmp_path / "runs")
     mirror, state, rounds = tmp_path / "mirror", {}, 0
@@ -226,7 +226,7 @@ def test_a_small_budget_takes_several_rounds_and_a_replaced_file_starts_over(tmp
 
 
 def test_export_never_follows_links(tmp_path):
-    from tests.test_review import make_run
+    from tests.unit.test_review import make_run
 
     run_dir = make_run(tmp_path / "runs")
     secret = tmp_path / "secret"
@@ -262,7 +262,7 @@ def test_review_remote_refuses_local_outputs_without_pull(capsys):
 
 # --- status ----------------------------------------------------------------------------------------------
 def test_status_lines_for_a_reviewed_run(tmp_path):
-    from tests.test_review import RUN_ID, make_run
+    from tests.unit.test_review import RUN_ID, make_run
 
     make_run(tmp_path / "runs")
 

@@ -23,7 +23,7 @@ from hpc_agent.runs.history import review_run
 from hpc_agent.runs.plot import boundary_labels, event_label
 from hpc_agent.state.ledger import Ledger
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "gpt-20260101-000000"
 T0 = time.time() - 7200.0
 

@@ -24,7 +24,7 @@ from hpc_agent.runs.liveness import describe, duration, live_view
 from hpc_agent.runs.plot import boundary_labels, build_figure, in_job_markers
 from hpc_agent.state.ledger import Ledger
 from hpc_agent.watcher.in_job import audit_record
-from tests.test_review import RUN_ID, T0, _write_attempt, make_run
+from tests.unit.test_review import RUN_ID, T0, _write_attempt, make_run
 
 STEP_S = 1.0
 START = T0 + 60             # the attempt's first TensorBoard event
@@ -163,7 +163,7 @@ def test_plot_runs_up_to_now_with_the_silence_shaded(root):
 def test_ended_run_is_unchanged(tmp_path):
     import matplotlib.pyplot as plt
 
-    run_dir = make_run(tmp_path / "runs")  # completed: the run of tests/test_review.py
+    run_dir = make_run(tmp_path / "runs")  # completed: the run of tests/unit/test_review.py
     run = review_run(run_dir, now=T0 + 99999)
     assert run["live"] is None and describe(run["live"]) == ""
     assert "ago" not in table_text([run]) and "hung" not in table_text([run])

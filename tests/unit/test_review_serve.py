@@ -60,7 +60,7 @@ def test_authorized_and_the_token_never_reaches_tensorboard():
 
 @pytest.fixture
 def tb_run(tmp_path):
-    from tests.test_review import _write_attempt
+    from tests.unit.test_review import _write_attempt
 
     run_dir = tmp_path / "run-1"
     (run_dir / "tb").mkdir(parents=True)

@@ -17,7 +17,7 @@ import pytest
 from hpc_agent import diagnose
 from tests.conftest import run_cli
 
-CORPUS = Path(__file__).resolve().parent / "data" / "sacct_corpus"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "sacct_corpus"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text())["files"]
 READABLE = [e for e in MANIFEST if e["cause"] != "error"]
 REFUSED = [e for e in MANIFEST if e["cause"] == "error"]

@@ -10,7 +10,7 @@ from hpc_agent.slurm.sacct import (SACCT_FIELDS, attempts_of, group_attempts, ha
                                    job_key_of, job_state, latest_attempts, normalize_state, parse_exit_code,
                                    parse_parsable2, parse_sacct)
 
-SACCT = Path(__file__).resolve().parent / "data" / "sacct"
+SACCT = Path(__file__).resolve().parents[1] / "data" / "sacct"
 
 
 def read(name: str) -> str:
@@ -195,7 +195,7 @@ from hpc_agent.slurm.sacct_json import exit_code as json_exit_code, number, pars
 from hpc_agent.slurm.sacct_read import (FIXED_WIDTH, PARSABLE, PARSABLE2, SacctFormatError,  # noqa: E402
                                         canonical_field, read_sacct, read_sacct_text)
 
-CORPUS = Path(__file__).resolve().parent / "data" / "sacct_corpus"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "sacct_corpus"
 WIDE_COMMENT_LAST = (
     "JobID|JobName|Partition|State|ExitCode|DerivedExitCode|NodeList|MaxRSS|ReqMem|Comment\n"
     "109|hpc_agent:gpt-20261130-120500|gpu|FAILED|1:0|0:0|node1||64G|\n"

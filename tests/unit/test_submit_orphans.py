@@ -2,7 +2,7 @@
 orphaned. The run keeps its job id and stays followed, and the user is told the job id and that ``watch``
 follows it. Only sbatch's own refusal (no job id) stops the run.
 
-In-process, with a fake submitit executor: no job runs. tests/test_submit_slurm.py repeats the run.json case
+In-process, with a fake submitit executor: no job runs. tests/cluster/test_submit_slurm.py repeats the run.json case
 against the real localhost cluster.
 """
 from __future__ import annotations

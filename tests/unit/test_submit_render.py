@@ -12,7 +12,7 @@ from hpc_agent.slurm.job_match import job_name_for, run_id_from_job_name
 from hpc_agent.slurm.timelimit import slurm_time_to_minutes
 from tests.conftest import run_cli
 
-GOLDEN = Path(__file__).parent / "golden" / "quickstart.sbatch"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "quickstart.sbatch"
 RUN_DIR = Path("/runs/quickstart-20260101-000000")
 
 

@@ -18,7 +18,7 @@ from typing import List, Tuple
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BOUNDED = {"run", "call", "check_call", "check_output"}
 POPEN_OWNED = {
     ("hpc_agent/review.py", "start_tensorboard"):

@@ -1,7 +1,7 @@
 """resilience.successor_on_preempt: the job script's hand-over to a successor job at a preemption
 (hpc_agent/core/handback.py), and the watcher's side of it: the marker read as untrusted, the pure core's
-decision (tests/test_follow.py's style), and the adopt effect run twice after a crash. The real cluster
-runs it end to end in tests/test_successor_slurm.py."""
+decision (tests/unit/test_follow.py's style), and the adopt effect run twice after a crash. The real cluster
+runs it end to end in tests/cluster/test_successor_slurm.py."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ from hpc_agent.watcher.follow import follow
 from hpc_agent.watcher.follow_model import ADOPT, CANCEL
 from hpc_agent.state.lifecycle import Phase
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
-from tests.test_watcher import world  # noqa: F401 (the fixture)
+from tests.unit.test_watcher import world  # noqa: F401 (the fixture)
 
 OLD, NEW = "41", "57"
 
@@ -150,7 +150,7 @@ def test_the_watcher_adopts_the_successor_once_and_cancels_the_held_job(world): 
     from hpc_agent.watcher import effects
     from hpc_agent.state.journal import EffectRow
     from hpc_agent.slurm.job_match import job_name_for
-    from tests.test_watcher import add_run
+    from tests.unit.test_watcher import add_run
 
     slurm, ledger, watcher = world["slurm"], world["ledger"], world["watcher"]
     run_dir, old = add_run(world, "r")

@@ -1,7 +1,7 @@
 """Sweeps without Slurm: the sweep file, overrides, objective extraction, pruning, array ids, resume adoption.
 
 Where a driver talks to Slurm, Slurm is the canonical FakeSlurm (tests/helpers/fake_slurm.py, held to the real
-cluster by tests/test_slurm_contract.py) and arrays go out through its sbatch (``array_submitter``)."""
+cluster by tests/cluster/test_slurm_contract.py) and arrays go out through its sbatch (``array_submitter``)."""
 from __future__ import annotations
 
 import json

@@ -1,8 +1,8 @@
 """A sweep driver killed at any point of a submission: what it leaves, and what the next driver makes of it.
 
 Without Slurm: the canonical FakeSlurm (tests/helpers/fake_slurm.py, held to the real cluster by
-tests/test_slurm_contract.py) holds the arrays a killed driver left, submitted through its sbatch by
-test_sweep.py's ``make_driver``; tests/test_sweep_slurm.py kills real drivers on the real cluster.
+tests/cluster/test_slurm_contract.py) holds the arrays a killed driver left, submitted through its sbatch by
+test_sweep.py's ``make_driver``; tests/cluster/test_sweep_slurm.py kills real drivers on the real cluster.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hpc_agent.sweep.spec import distributions
 from launch.job import TrainingJob
 from tests.conftest import REPO
 from tests.helpers.fake_slurm import FakeSlurm
-from tests.test_sweep import make_driver
+from tests.unit.test_sweep import make_driver
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -11,8 +11,8 @@ from hpc_agent.sweep.live import SweepLive, summary
 from hpc_agent.watcher.embedded import EmbeddedWatch
 from hpc_agent.watcher.loop import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
-from tests.test_sweep import make_driver
-from tests.test_watcher import CODE_LOG
+from tests.unit.test_sweep import make_driver
+from tests.unit.test_watcher import CODE_LOG
 
 
 def test_failed_trials_are_judged_without_a_watcher_and_the_summary_is_true(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from hpc_agent.core import checkpoint_format, rundir
 from hpc_agent.metrics.tb_reader import RunScalars
-from tests.test_review import _write_attempt
+from tests.unit.test_review import _write_attempt
 
 OUTSIDE_STEPS = list(range(1000, 1010))
 

@@ -1,9 +1,9 @@
 """The watcher's tick, driven tick by tick with an injected Slurm client, clock and submitter.
 
 These are unit tests of the loop's logic. Slurm is the canonical fake (tests/helpers/fake_slurm.py, held to
-the real cluster by tests/test_slurm_contract.py): each test makes the job do what it does (fail, oom,
+the real cluster by tests/cluster/test_slurm_contract.py): each test makes the job do what it does (fail, oom,
 preempt...) through the fake's API, and the watcher reads it back through sacct/squeue/scontrol as it would
-on the cluster. One clock (the fake's) drives Slurm, the ledger and the watcher. tests/test_watch_slurm.py
+on the cluster. One clock (the fake's) drives Slurm, the ledger and the watcher. tests/cluster/test_watch_slurm.py
 runs the same watcher against the real localhost Slurm.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each cycle: a run's job ends (a GPU OOM -> resubmit, or a time limit -> requeue 
 process ticks with ``HPC_AGENT_CRASH_AT`` set and is SIGKILLed at that point (a real ``kill -9``, from
 ``crash_point``); a fresh watcher process then starts (start-up reconcile, ticks, the clock moved past the
 sbatch grace). Slurm is the canonical fake (tests/helpers/fake_slurm.py, held to the real cluster by
-tests/test_slurm_contract.py), persisted to a file after every command as slurmctld persists its state,
+tests/cluster/test_slurm_contract.py), persisted to a file after every command as slurmctld persists its state,
 so what the killed process did to "Slurm" survives it. Counted over >= 50 cycles: double submissions or
 requeues, and lost decisions (recorded but never carried out, or not in events.jsonl exactly once).
 """

@@ -4,7 +4,7 @@ canonical FakeSlurm with its ``sacct_lag_s`` (accounting behind slurmctld) and `
 still cleaning up the attempt that ended)."""
 from __future__ import annotations
 
-from tests.test_watcher import add_run, world  # noqa: F401 - the fixture is used by name
+from tests.unit.test_watcher import add_run, world  # noqa: F401 - the fixture is used by name
 
 PREEMPTION_LOG = ("[hpc_agent] signal SIGUSR2 at step 143: checkpoint step_00000143 complete in 0.0s; exiting 75\n"
                   "[hpc_agent] SIGUSR2 with 9:54 left before the time limit: a preemption notice\n"

@@ -1,7 +1,7 @@
 """One broken run never stops the watcher: it is parked in needs_attention, every other run is followed.
 
-Canonical fake Slurm (held to the real cluster by tests/test_slurm_contract.py); the same scenario on the
-real cluster with the watcher process running is tests/test_watch_poison_slurm.py.
+Canonical fake Slurm (held to the real cluster by tests/cluster/test_slurm_contract.py); the same scenario on the
+real cluster with the watcher process running is tests/cluster/test_watch_poison_slurm.py.
 """
 from __future__ import annotations
 

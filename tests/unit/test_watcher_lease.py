@@ -17,7 +17,7 @@ import pytest
 from hpc_agent.state.journal import LeaseLost, WatcherLease
 from hpc_agent.state.ledger import Ledger
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _ledger(tmp_path, now):
