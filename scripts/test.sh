@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
-# The full test suite on a fresh machine: install (scripts/setup.sh), bring up the localhost Slurm, run pytest.
-#   bash scripts/test.sh [extra pytest args]
-# Run as root (cluster.sh installs Debian packages and starts Slurm daemons).
+# The test suite on a fresh machine: install (scripts/setup.sh), bring up the localhost Slurm, run pytest.
+#
+#   bash scripts/test.sh [pytest args]            every test: tests/unit, tests/job, tests/cluster (as root:
+#                                                 cluster.sh installs Debian packages and starts Slurm daemons)
+#   bash scripts/test.sh --quick [pytest args]    tests/unit alone: no Slurm, no torch, no training job; no root
+#   bash scripts/test.sh --help
+#
+# The folders: tests/unit (pure code, fake Slurm, commands in subprocesses), tests/job (the training job and its
+# torch/DeepSpeed parts on the CPU), tests/cluster (the real localhost Slurm). tests/unit/test_layers.py keeps
+# each test in its folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+case "${1:-}" in
+  --quick) quick=1; shift ;;
+  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 start=$(date +%s)
 bash scripts/setup.sh
 # shellcheck source=scripts/python_env.sh
 source scripts/python_env.sh
 hpc_agent_venv
-bash scripts/cluster.sh up
-# Slurm tests must run here: fail (not skip) if the cluster is not usable.
-export HPC_AGENT_REQUIRE_SLURM=1
+if [ "$quick" = 1 ]; then
+  paths=(tests/unit) what="--quick: tests/unit"
+else
+  bash scripts/cluster.sh up
+  # Slurm tests must run here: fail (not skip) if the cluster is not usable.
+  export HPC_AGENT_REQUIRE_SLURM=1
+  paths=(tests) what="tests/unit, tests/job, tests/cluster"
+fi
 set +e
-"$PY" -m pytest tests -v --durations=15 "$@"
+"$PY" -m pytest "${paths[@]}" -v --durations=15 "$@"
 rc=$?
 set -e
-echo "[test] pytest exit code $rc after $(( $(date +%s) - start )) s"
+echo "[test] pytest exit code $rc after $(( $(date +%s) - start )) s ($what)"
 if [ "$rc" -eq 5 ]; then
   echo "[test] pytest collected no tests: that is a failure" >&2
   exit 1

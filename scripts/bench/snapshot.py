@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from scripts.bench.step_overhead import worktree  # noqa: E402
+from scripts.bench.worktree import worktree  # noqa: E402
 
 STEP_RE = re.compile(r"\] step (\d+) loss ")
 RESUMED_RE = re.compile(r"\] resumed at step (\d+) ")

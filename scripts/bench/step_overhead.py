@@ -25,12 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from scripts.bench.ettr import RUN, SIDE  # noqa: E402
+from scripts.bench.worktree import worktree  # noqa: E402
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 
 WARMUP = 50
@@ -95,18 +95,6 @@ def run_once(code: Path, work: Path, name: str, steps: int, extra: tuple = ()) -
         raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     every = next((int(o.split("=", 1)[1]) for o in reversed(overrides) if o.startswith("resilience.snapshot_every=")), 0)
     return {**overhead(run_dir, started, every), "process_s": round(time.time() - started, 1)}
-
-
-@contextlib.contextmanager
-def worktree(rev: str, path: Path) -> Iterator[Path]:
-    """A detached git worktree of ``rev`` at ``path`` (this checkout's history), removed at the end."""
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev],
-                   check=True, capture_output=True, timeout=120)
-    try:
-        yield path
-    finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)],
-                       capture_output=True, timeout=120)
 
 
 def _median_of(results: list, key: str):
