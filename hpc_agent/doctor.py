@@ -2,7 +2,7 @@
 
 Checks that a training job can run here before it is submitted: Slurm answers, accounting is on, the
 partitions and their GPUs, the config is valid and sbatch would accept its resources (``--test-only``
-submits nothing), the job's Python or container works on a compute node (``doctor_job``), DeepSpeed's
+submits nothing), the job's Python or container works on a compute node (``checks.job_python``), DeepSpeed's
 ops are prepared and no torch build lock is stuck, GPU health and the memory estimate. Each check prints
 ``OK|WARN|FAIL  name: detail``; the exit code is 1 when any check FAILs, else 0 (2: a usage error; the
 table shared by every command: ``hpc_agent.cli.exit_status``). Runs on login nodes:
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checks.append(config_check)
         if cfg is not None and parts is not None:
             checks += check_sbatch(cli, cfg, parts)
-        if cfg is not None and cfg.profile.name:  # the profile against the live cluster (doctor_profile.py)
+        if cfg is not None and cfg.profile.name:  # the profile against the live cluster (checks/profile_fit.py)
             from hpc_agent.checks import profile_fit
             checks += [Check(*result) for result in profile_fit.check_profile(cli, cfg, parts)]
         if cfg is not None:  # the job's interpreter/container on a compute node (hpc_agent/checks/job_python.py)

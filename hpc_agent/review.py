@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.cli import exit_status
-from hpc_agent.remote import ssh
-from hpc_agent.core import rundir
 from hpc_agent.cli.flags import add_common_arguments, parse
+from hpc_agent.core import rundir
+from hpc_agent.remote import ssh
+from hpc_agent.runs.history import find_runs, review_run
 from hpc_agent.runs.liveness import describe
 from hpc_agent.runs.plot import plot_runs
-# The data half lives in runreview (the chaos driver reads it too); these names stay importable from here.
-from hpc_agent.runs.history import find_runs, review_run
 
 EXIT_OK, EXIT_USAGE = exit_status.OK, exit_status.USAGE
 

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-# The format's rules (markers, which checkpoint a resume may use, retention) are shared with the
-# login-node side, which must not import this torch-side package: they live in hpc_agent.core.checkpoint_format.
 from hpc_agent.core.checkpoint_format import MARKER, MARKER_VERSION, files_of, retention, scan, tag_for
 from hpc_agent.core.filemodes import dir_mode, file_mode_in, group_of, make_dir, set_mode
 from hpc_agent.core.fsutil import atomic_write_json

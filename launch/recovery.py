@@ -4,11 +4,11 @@ What is repaired (``resilience.in_job_retries`` repairs per attempt in total; 0 
 
 - a ``torch.OutOfMemoryError`` in a training forward pass (a real one, or ``faults.oom_above_micro_batch``
   / ``faults.oom_at_step``): the next rung of THE OOM ladder (``hpc_agent.policy.memory`` through
-  ``policy.repair_rule``: the global batch is kept); the state before the failed step, still intact, is
+  ``policy.decide.repair_rule``: the global batch is kept); the state before the failed step, still intact, is
   saved as a checkpoint, then the engine is rebuilt and loads it (no step is trained twice);
 - a non-finite loss, an FP16 loss-scale collapse or a loss spike, as THE divergence detector
   (``hpc_agent.metrics.divergence.detect``) reports them: the watcher's rollback and LR cut
-  (``policy.repair_rule``): checkpoints from the divergence on are set aside like the watcher's
+  (``policy.decide.repair_rule``): checkpoints from the divergence on are set aside like the watcher's
   rollback does (``hpc_agent.core.checkpoint_format.set_aside_after``) and the engine restarts from the one before.
 
 Agreement: every rank must take the same branch at the same point. The loss is all-reduced before it is

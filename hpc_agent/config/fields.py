@@ -7,7 +7,7 @@ Where values land (see tests/golden/quickstart.sbatch):
   double quotes as bash does and ends a value at unquoted whitespace or ``#``, but reads a backslash as an
   escape even inside single quotes (bash does not) and expands nothing (no ``$``, globs or ``~``). Slurm
   then reads ``%`` in --output as a file-name pattern (``%j``, ``%A``..), and so does submitit.
-- The setup lines are bash; the renderer (``launcher.render_lines``) shell-quotes each value once.
+- The setup lines are bash; the renderer (``jobs.executor.render_lines``) shell-quotes each value once.
 
 So Slurm names, times, sizes and node lists get the characters of their Slurm syntax only: none of these is
 special to sbatch's parser (``& | [ ] * , ( )`` included), so sbatch reads back exactly what was written, and

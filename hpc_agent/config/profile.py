@@ -145,7 +145,7 @@ class Profile:
 
 def gpu_request(profile: Profile, gpus: int) -> Tuple[str, str]:
     """The ONE place that turns a GPU count into an sbatch option: ``(option, value)`` without the dashes,
-    e.g. ``("gpus-per-node", "4")``, ``("gres", "gpu:4")`` or ``("gres", "gpu:h100:4")``. The launcher hands
+    e.g. ``("gpus-per-node", "4")``, ``("gres", "gpu:4")`` or ``("gres", "gpu:h100:4")``. ``jobs.executor`` hands
     it to submitit (``#SBATCH --option=value``) and doctor to ``sbatch --test-only``."""
     if profile.gpu_request == "gres":
         return "gres", f"gpu:{gpus}"

@@ -26,7 +26,7 @@ to ``/dev/zero``. So files here are read as untrusted input: regular files only 
 ``S_ISREG``), opened non-blocking (a FIFO never blocks the reader), and never more than a byte cap.
 ``O_NOFOLLOW`` guards only the last part of a path, so the folders a job could swap for a link to
 elsewhere (``slurm/``, ``tb/``, ``checkpoints/`` and what is in them) are checked by their readers
-(:func:`find_logs`, ``metrics.tb_reader``, ``checkpoints.scan``), which skip or refuse a link, saying so.
+(:func:`find_logs`, ``metrics.tb_reader``, ``checkpoint_format.scan``), which skip or refuse a link, saying so.
 What hpc_agent writes here is created ``0600``/``0700`` (see ``hpc_agent.core.filemodes``).
 """
 from __future__ import annotations

@@ -27,7 +27,6 @@ from typing import Callable, Optional
 
 from hpc_agent.core.filemodes import make_dir
 from hpc_agent.core.fsutil import pid_alive
-# The rules and file primitives are re-exported: launch/lease.py and the tests take the whole lease from here.
 from hpc_agent.core.lease_rules import (LOCAL_PREFIX, REFUSE, TAKE, TAKEOVER, UNKNOWN_JOB, WAIT, Holder,
                                         LeaseWaitCancelled, RunDirBusy, Verdict, judge, me_from_env, settings_from_env,
                                         stale_after_s)

@@ -238,7 +238,7 @@ def describe(manifest: Dict[str, Any]) -> str:
 
 
 def setup_lines(cfg: Any) -> List[str]:
-    """Job-script lines (``{run_dir}`` filled and quoted by the launcher): the snapshot first on PYTHONPATH."""
+    """Job-script lines (``{run_dir}`` filled and quoted by ``jobs.executor``): the snapshot first on PYTHONPATH."""
     if not wanted(cfg):
         return []
     return [f"export PYTHONPATH={{run_dir}}/{rundir.CODE}" + "${PYTHONPATH:+:$PYTHONPATH}"]

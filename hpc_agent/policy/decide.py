@@ -78,7 +78,7 @@ class Situation:
     """For a hung attempt: (step, stack signature); ``top_frame`` names the majority's innermost frame."""
     top_frame: str = ""
     placement: Optional[Tuple[Any, ...]] = None
-    """With ``placement.mode`` auto: the partitions' facts (``placement_facts.PartitionFacts``), gathered by the
+    """With ``placement.mode`` auto: the partitions' facts (``slurm.partition_facts.PartitionFacts``), gathered by the
     watcher for a decision that could move the run (a GPU OOM, a node or GPU fault); None: not gathered."""
     remaining_steps: Optional[int] = None
     """Steps left after the newest complete checkpoint (for the placement's time estimate)."""
@@ -114,7 +114,7 @@ class Decision:
     free: bool = False
     """Does not count against the overall retry budget."""
     placement: Optional[Dict[str, Any]] = None
-    """The candidate table and the reason, when partitions were weighed (``placement.Choice.to_dict``)."""
+    """The candidate table and the reason, when partitions were weighed (``partitions.Choice.to_dict``)."""
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"action": self.action, "cause": self.cause, "reason": self.reason, "patch": dict(self.patch),

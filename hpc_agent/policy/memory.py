@@ -306,7 +306,7 @@ def cheapest_fit(cfg: Any, budget_bytes: float, offload_allowed: bool = True) ->
 
 def gpu_oom_fit(cfg: Any, ranks: int, offload_allowed: bool, capacity_bytes: Optional[int],
                 headroom: float = GPU_HEADROOM) -> Optional[Rung]:
-    """The next step after a GPU out-of-memory failure (what ``policy.decide`` proposes): the ladder's
+    """The next step after a GPU out-of-memory failure (what ``policy.decide.decide`` proposes): the ladder's
     rungs taken together up to the first whose estimate fits ``headroom`` of the GPU.
 
     Without a known capacity, or for a workload the estimator does not cover, this is the next rung

@@ -37,7 +37,7 @@ The time model is deliberately simple and says so in the table's reason:
 Workloads the estimator does not cover (your own model, ``train.command``) have no memory estimate and no
 FLOPs count: their candidates say ``?`` and the chooser ranks them by start time.
 
-**The policy's rule** (:func:`weigh_partitions`): ``policy.decide`` proposes the repair in place first (the next
+**The policy's rule** (:func:`weigh_partitions`): ``decide.decide`` proposes the repair in place first (the next
 OOM-ladder rung, or the same partition without the failed node). When the run's config has ``placement.mode:
 auto`` and the watcher gathered the partitions' facts (``Situation.placement``), that proposal becomes one
 candidate among the partitions, and :func:`choose` picks by expected finish. The decision keeps the proposal's
@@ -418,7 +418,7 @@ def candidates(cfg: Any, facts: Sequence[Any], *, remaining_steps: int, explicit
 
 # --- the policy's rule: move after a GPU OOM or a node fault ---------------------------------------------
 def weigh_partitions(proposed: Any, cfg: Any, situation: Any, limits: Any, oom: bool) -> Any:
-    """``proposed`` (a ``policy.Decision`` to resubmit in place), or the same decision moved to the partition that
+    """``proposed`` (a ``policy.decide.Decision`` to resubmit in place), or the same decision moved to the partition that
     finishes first. Unchanged without facts, with ``placement.mode`` off, or when nothing can run the job."""
     facts = situation.placement
     if not facts or getattr(cfg.placement, "mode", "off") != "auto":

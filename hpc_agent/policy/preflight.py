@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.policy.memory import GPU_HEADROOM
-# gres parsing has one home, hpc_agent.slurm.sinfo; these names stay importable from here.
 from hpc_agent.slurm.sinfo import GRES_FORMAT, gpu_gib_from_gres
 
 GIB = 2**30

@@ -156,7 +156,7 @@ class RichPrinter:
 
 
 def chatter() -> Callable[[str], None]:
-    """Where progress lines go: the ``hpc_agent`` logger when a command configured it (``cli_common``: ``-q``
+    """Where progress lines go: the ``hpc_agent`` logger when a command configured it (``cli.flags``: ``-q``
     silences progress, never the result), else stdout."""
     log = logging.getLogger("hpc_agent.runs.progress")
     if logging.getLogger("hpc_agent").handlers:

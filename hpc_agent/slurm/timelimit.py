@@ -1,6 +1,6 @@
 """Slurm time limits (``--time``, ``TimeLeft``): the formats Slurm writes, in whole minutes. Pure.
 
-Both sides read them: the launcher gives the local executor the config's ``slurm.time`` in minutes, and the
+Both sides read them: ``jobs.executor`` gives the local executor the config's ``slurm.time`` in minutes, and the
 job (``launch/signals.py``) compares squeue's ``TimeLeft`` with its signal lead.
 """
 from __future__ import annotations

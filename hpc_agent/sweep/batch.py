@@ -97,7 +97,7 @@ def array_setup(lines: Sequence[str], jobs: Sequence[TrialJob]) -> List[str]:
 
     from hpc_agent.core.paths import code_root
 
-    # One pass (launcher.fill): a value put in is never scanned for placeholders again.
+    # One pass (jobs.executor.fill): a value put in is never scanned for placeholders again.
     shell_words = {key: f'"${{{var}}}"' for key, var in TRIAL_ENV.items()}
     out = [fill(line, dict(shell_words, repo=shlex.quote(str(code_root())))) for line in lines]
     if len(jobs) == 1:
@@ -123,7 +123,7 @@ def array_parameters(jobs: Sequence[TrialJob], sweep: str, batch: str, parallel:
                                    "(sweeps do not run in containers yet; docs/containers.md)")])
     template = load_template(first.cfg.slurm.template)
     params = slurm_parameters(first.cfg, first.run_id, first.run_dir, first.config_path, template)
-    # The profile's activation lines after the template's exports, as in a single run's script (launcher).
+    # The profile's activation lines after the template's exports, as in a single run's script (jobs.executor).
     params["setup"] = array_setup(template.setup, jobs) + activation_lines(first.cfg)
     # submitit quotes each srun option as one word, so a per-task shell variable cannot reach it: only {repo}.
     params["srun_args"] = render_args(template.srun_args, {"repo": str(code_root())})

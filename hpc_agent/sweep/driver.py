@@ -52,7 +52,7 @@ def objective_value(points: Sequence[Point]) -> Optional[float]:
 
 
 def _say_now(text: str) -> None:
-    # progress, so -q silences it; cli_common's handler flushes each line (a log that is tailed, or read
+    # progress, so -q silences it; ``cli.flags``' handler flushes each line (a log that is tailed, or read
     # after a kill -9, must not sit in a buffer)
     logging.getLogger(__name__).info(text)
 

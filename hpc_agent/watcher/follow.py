@@ -15,18 +15,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from hpc_agent.config.load import apply_patch
 from hpc_agent.core.causes import Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import gpu_capacity_bytes
-from hpc_agent.watcher.follow_hang import config_value as _get, open_suspicion, running
-# The core's values are re-exported: callers import the core and its data from one place.
-from hpc_agent.watcher.follow_model import (NOT_ASKED, Effect, Exclude, Expedite, Adopt, Cancel, Notify, Observation,
-                                            Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState, Wants)
-from hpc_agent.state.lifecycle import Action, Event, EventKind, Phase, transition
 from hpc_agent.policy.decide import (DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation,
                                      decide)
-from hpc_agent.config.load import apply_patch
 from hpc_agent.slurm.sacct import Attempt
+from hpc_agent.state.lifecycle import Action, Event, EventKind, Phase, transition
+from hpc_agent.watcher.follow_hang import config_value as _get, open_suspicion, running
+from hpc_agent.watcher.follow_model import (NOT_ASKED, Adopt, Cancel, Effect, Exclude, Expedite, Notify, Observation,
+                                            Outcome, ReleaseLease, Requeue, Resubmit, RunFiles, RunState, Wants)
 
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING"})
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})

@@ -155,7 +155,7 @@ class Observation:
     """For a running attempt: its heartbeats' verdict (None when the run's settings or beats were not read)."""
     placement: Any = "?"
     """The partitions' facts for a decision that may move the run (``placement.mode`` auto): a tuple of
-    ``placement_facts.PartitionFacts``, ``()`` when they could not be gathered, NOT_ASKED until asked."""
+    ``slurm.partition_facts.PartitionFacts``, ``()`` when they could not be gathered, NOT_ASKED until asked."""
     successor: Optional[str] = None
     """For an attempt that is no longer running: the job id it handed over to (``hpc_agent.core.handback``), if any."""
 

@@ -45,7 +45,7 @@ def _decision(record: Mapping[str, Any]) -> Mapping[str, Any]:
 def notifications_for(seq: int, run_id: str, record: Mapping[str, Any],
                       budget: Optional[Tuple[int, str]] = None) -> List[Notification]:
     """The notifications one audit record calls for (usually none). ``budget``: for a retry decision, the
-    tighter budget after it (``policy.retries_left``), which the adapter looks up only when
+    tighter budget after it (``policy.decide.retries_left``), which the adapter looks up only when
     :func:`wants_budget` says so."""
     if "by" in record or record.get("decided_in") == "job":
         return []  # an action record (its decision record already spoke), or a repair inside the job's allocation

@@ -11,9 +11,9 @@ import pytest
 
 from hpc_agent.config.load import load_snapshot
 from tests.conftest import run_cli
+from tests.job.test_command_mode import example_script
 from tests.slurm_helpers import (WatcherProcess, events, last_step, ledger_job_ids, log_text, preempt_all_nodes,
                                  run_phase, wait_for)
-from tests.job.test_command_mode import example_script
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -11,8 +11,8 @@ import re
 import pytest
 
 from hpc_agent.diagnose import read_tb_scalars
-from tests.slurm_helpers import (LONG_RUN, SLURM, cleanup_jobs, last_step, log_text, preempt_all_nodes, states,
-                                 submit, wait_for)
+from tests.slurm_helpers import (LONG_RUN, SLURM, cleanup_jobs, last_step, log_text, preempt_all_nodes, states, submit,
+                                 wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 GRACE_TIME_S = 30  # PartitionName=low GraceTime in scripts/cluster.sh

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from hpc_agent.chaos import inject
-from tests.slurm_helpers import (LONG_RUN, WatcherProcess, events, job_nodes, last_step, ledger_job_ids,
-                                 log_text, submit, wait_for, run_phase as phase)
+from tests.slurm_helpers import (LONG_RUN, WatcherProcess, events, job_nodes, last_step, ledger_job_ids, log_text,
+                                 run_phase as phase, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from hpc_agent.config.load import load_snapshot
-from tests.slurm_helpers import (CLUSTER, LONG_RUN, WatcherProcess, accounting, attempts, events,
-                                 job_nodes, last_step, ledger_job_ids, log_text, preempt_all_nodes, states, submit,
-                                 wait_for, run_phase as phase)
+from tests.slurm_helpers import (CLUSTER, LONG_RUN, WatcherProcess, accounting, attempts, events, job_nodes, last_step,
+                                 ledger_job_ids, log_text, preempt_all_nodes, run_phase as phase, states, submit,
+                                 wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from scripts.bench import mfu as bench
+
 from tests.conftest import REPO
 
 

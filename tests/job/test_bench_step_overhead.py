@@ -1,7 +1,6 @@
 """scripts/bench/step_overhead.py: the overhead it reads from a run's TensorBoard series."""
 from __future__ import annotations
 
-
 import pytest
 
 

@@ -2,7 +2,6 @@
 at least 10 points. A smaller version of ``scripts/bench/imbalance.py`` (same training loop)."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -13,13 +13,13 @@ import socket
 
 import pytest
 
+from hpc_agent.runs.plot import boundary_labels
 from hpc_agent.state import audit
-from hpc_agent.watcher import effects
-from hpc_agent.watcher.follow_model import (Adopt, Cancel, Exclude, Expedite, Outcome, ReleaseLease, Requeue,
-                                            RequestStacks, Resubmit)
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.lifecycle import Phase
-from hpc_agent.runs.plot import boundary_labels
+from hpc_agent.watcher import effects
+from hpc_agent.watcher.follow_model import (Adopt, Cancel, Exclude, Expedite, Outcome, ReleaseLease, RequestStacks,
+                                            Requeue, Resubmit)
 from tests.unit.test_watcher import OOM_LOG, add_run, world  # noqa: F401 (world: the fixture)
 
 PATCH = {"train.micro_batch_size": 4}

@@ -6,7 +6,6 @@ import datetime as dt
 import subprocess
 
 import pytest
-
 from scripts.bench import handover as bench
 
 

@@ -1,9 +1,7 @@
 """Pure helpers of scripts/bench/login.py: the alternating schedule and the summary with its targets."""
 from __future__ import annotations
 
-
 import pytest
-
 from scripts.bench import login as bench
 
 

@@ -1,9 +1,7 @@
 """Pure helpers of scripts/bench/oom_repair.py: seeded case generation and judging an outcome."""
 from __future__ import annotations
 
-
 import pytest
-
 from scripts.bench import oom_repair as bench
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-
 from scripts.bench import recovery as bench
 
 

@@ -1,7 +1,6 @@
 """Pure helpers of scripts/bench/watch_load.py: the synthetic sacct answer parses like sacct's, and the summary."""
 from __future__ import annotations
 
-
 from scripts.bench import watch_load as bench
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-
 from hpc_agent.checks import job_python
 from hpc_agent.config.load import load_config
 from hpc_agent.slurm.cli import Result, SlurmCLI, SlurmError

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hpc_agent import diagnose
 from hpc_agent.slurm.sacct import SacctRow

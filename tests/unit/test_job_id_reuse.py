@@ -9,10 +9,10 @@ import json
 import pytest
 
 from hpc_agent.slurm.job_match import SUBMIT_SLACK_S, Claim, job_name_for, own_attempts
-from hpc_agent.watcher.observe import json_verdict
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
 from hpc_agent.sweep.batch import array_name
 from hpc_agent.sweep.spec import trial_run_id
+from hpc_agent.watcher.observe import json_verdict
 from tests.unit.test_watcher import OOM_LOG, acting, add_run, world  # noqa: F401 - the fixture
 
 INTENT = _dt.datetime(2026, 12, 1, 12, 0, 0).timestamp()

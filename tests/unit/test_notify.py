@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.config.load import build_config
+from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.config.notify import NotifyConfig, redact_url, sbatch_options
 from hpc_agent.config.problems import ConfigError
+from hpc_agent.policy.decide import PastAttempt, retries_left
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.ledger import Ledger
-from hpc_agent.watcher.notifier import Notifier, deliver, send_command, send_webhook, NotifyFailed
+from hpc_agent.watcher.notifier import Notifier, NotifyFailed, deliver, send_command, send_webhook
 from hpc_agent.watcher.notify_events import Notification, notifications_for, paused_notification
-from hpc_agent.policy.decide import PastAttempt, retries_left
-from hpc_agent.config.load import write_run_config
 from tests.helpers.webhook import Receiver, closed_port_url
 from tests.unit.test_watcher import CODE_LOG, add_run, world  # noqa: F401 - the fake-Slurm watcher fixture
 

@@ -84,7 +84,7 @@ def by_preflight(case: Case) -> Dict[str, Any]:
 
 
 def by_policy(case: Case) -> Dict[str, Any]:
-    """What the watcher calls after a GPU OOM: ``policy.decide`` with the capacity from the OOM message."""
+    """What the watcher calls after a GPU OOM: ``policy.decide.decide`` with the capacity from the OOM message."""
     decision = decide(Cause.GPU_OOM, case.history, case.cfg,
                       Situation(job_id=JOB, gpu_capacity_bytes=case.capacity_bytes))
     assert decision.action == (RESUBMIT if case.expected else STOP), decision.reason

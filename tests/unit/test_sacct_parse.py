@@ -6,9 +6,8 @@ from pathlib import Path
 import pytest
 
 from hpc_agent.slurm.hostlist import expand_hostlist
-from hpc_agent.slurm.sacct import (SACCT_FIELDS, attempts_of, group_attempts, has_sacct_header,
-                                   job_key_of, job_state, latest_attempts, normalize_state, parse_exit_code,
-                                   parse_parsable2, parse_sacct)
+from hpc_agent.slurm.sacct import (SACCT_FIELDS, attempts_of, group_attempts, has_sacct_header, job_key_of, job_state,
+                                   latest_attempts, normalize_state, parse_exit_code, parse_parsable2, parse_sacct)
 
 SACCT = Path(__file__).resolve().parents[1] / "data" / "sacct"
 

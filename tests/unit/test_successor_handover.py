@@ -11,11 +11,10 @@ import pytest
 
 from hpc_agent.core import handback
 from hpc_agent.core.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
-from hpc_agent.watcher.follow_model import Observation, RunState
-from hpc_agent.watcher.follow import follow
-from hpc_agent.watcher.follow_model import ADOPT, CANCEL
-from hpc_agent.state.lifecycle import Phase
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
+from hpc_agent.state.lifecycle import Phase
+from hpc_agent.watcher.follow import follow
+from hpc_agent.watcher.follow_model import ADOPT, CANCEL, Observation, RunState
 from tests.unit.test_watcher import world  # noqa: F401 (the fixture)
 
 OLD, NEW = "41", "57"
