@@ -24,8 +24,8 @@ import pytest
 from hpc_agent.metrics.tb_reader import EVENT_GLOB, file_order_key
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.ledger import Ledger
-from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, attempts, cleanup_jobs, events, job_nodes, last_step,
-                                 ledger_job_ids, log_text, states, submit, wait_for)
+from tests.slurm_helpers import (LONG_RUN, SLURM, WatcherProcess, attempts, cleanup_jobs, end_jobs, events, job_nodes,
+                                 last_step, ledger_job_ids, log_text, states, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -180,4 +180,4 @@ def test_poisoned_run_is_parked_and_the_other_run_still_resumes(tmp_path):
             watcher.stop()
         cleanup_jobs(root)
         if extra:
-            SLURM.run(["scancel", *extra], check=False)
+            end_jobs(extra)
