@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -76,14 +77,24 @@ def end_jobs(job_ids: Sequence[str], signal_for_s: float = 10.0) -> None:
 
 
 def settle_cluster(timeout_s: float = 90.0) -> str:
-    """Before a real-cluster test: end whatever an earlier test left in the queue (:func:`end_jobs`) and wait until
-    every node is idle again (a cancelled job holds its node COMPLETING for up to KillWait). Tests share two nodes,
-    so a leftover would otherwise delay the next test's jobs by minutes. Returns what it had to end."""
+    """Before a real-cluster test: end whatever an earlier test left in the queue (:func:`end_jobs`), end the ranks
+    of jobs already cancelled, and wait until every node is idle again (a cancelled job holds its node COMPLETING
+    for up to KillWait). Tests share two nodes, so a leftover would otherwise delay the next test's jobs by
+    minutes. Returns what it had to end."""
     mine = SLURM.run(["squeue", "--noheader", "--user", str(os.getuid()), "--format", "%A|%j|%T"], check=False).stdout
-    # A job already COMPLETING was cancelled (or ended) by its test: only waited for below, not reported.
+    # A job already COMPLETING was cancelled (or ended) by its test: not reported.
     leftovers = [line for line in mine.splitlines() if line.strip() and not line.endswith("|COMPLETING")]
     if leftovers:
         end_jobs([line.split("|")[0] for line in leftovers])
+    # A cancelled job (by its test, or by a watcher: a hung one) can no longer be signalled through Slurm, and its
+    # ranks would hold the node COMPLETING until KillWait. On this one-host cluster they are this host's processes.
+    mine = SLURM.run(["squeue", "--noheader", "--user", str(os.getuid()), "--format", "%A|%T"], check=False).stdout
+    for job_id in [line.split("|")[0] for line in mine.split() if line.endswith("|COMPLETING")]:
+        for pid in training_pids(job_id):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         queue = SLURM.run(["squeue", "--noheader", "--format", "%A"], check=False).stdout.split()
