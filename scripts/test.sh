@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: install (scripts/setup.sh), bring up the localhost Slurm, run pytest.
 #
-#   bash scripts/test.sh [pytest args]            every test: tests/unit, tests/job, tests/cluster (as root:
+#   bash scripts/test.sh [pytest args]            every test: unit, security, job, cluster (as root:
 #                                                 cluster.sh installs Debian packages and starts Slurm daemons)
 #   bash scripts/test.sh --quick [pytest args]    tests/unit alone: no Slurm, no torch, no training job; no root
 #   bash scripts/test.sh --help
 #
 # The folders: tests/unit (pure code, fake Slurm, commands in subprocesses), tests/job (the training job and its
-# torch/DeepSpeed parts on the CPU), tests/cluster (the real localhost Slurm). tests/unit/test_layers.py keeps
-# each test in its folder.
+# torch/DeepSpeed parts on the CPU), tests/cluster (the real localhost Slurm), tests/security (the attacks of
+# docs/security.md's threat model, login side, as root: a second user). tests/unit/test_layers.py keeps each test
+# in its folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
 case "${1:-}" in
   --quick) quick=1; shift ;;
-  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 start=$(date +%s)
 bash scripts/setup.sh
@@ -27,7 +28,7 @@ else
   bash scripts/cluster.sh up
   # Slurm tests must run here: fail (not skip) if the cluster is not usable.
   export HPC_AGENT_REQUIRE_SLURM=1
-  paths=(tests) what="tests/unit, tests/job, tests/cluster"
+  paths=(tests) what="tests/unit, tests/security, tests/job, tests/cluster"
 fi
 set +e
 "$PY" -m pytest "${paths[@]}" -v --durations=15 "$@"

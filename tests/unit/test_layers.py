@@ -425,7 +425,7 @@ def test_an_import_at_module_level_of_a_heavy_library_counts_only_there(tmp_path
 
 
 # --- the tests follow the same map -------------------------------------------------------------------------------
-TEST_DIRS = ("unit", "job", "cluster")
+TEST_DIRS = ("unit", "job", "cluster", "security")
 JOB_HELPERS = ("helpers.common", "tests.helpers.common", "helpers.runner", "tests.helpers.runner")
 """Test helpers that start the training job."""
 
@@ -445,8 +445,8 @@ def _heavy_at_import(tree: Tree) -> Set[str]:
 
 
 def misplaced_tests(tests_root: Path, tree: Tree) -> List[str]:
-    """tests/unit: no Slurm, no torch or DeepSpeed (imported or reached), no job started; tests/job: no Slurm;
-    tests/cluster: every file needs the real cluster; no test file outside the three."""
+    """tests/unit and tests/security: no Slurm, no torch or DeepSpeed (imported or reached), no job started;
+    tests/job: no Slurm; tests/cluster: every file needs the real cluster; no test file outside the four."""
     out = [f"{p.relative_to(tests_root.parent)}: a test outside tests/{{{','.join(TEST_DIRS)}}}"
            for p in sorted(tests_root.glob("test_*.py"))]
     heavy = _heavy_at_import(tree)
@@ -461,7 +461,7 @@ def misplaced_tests(tests_root: Path, tree: Tree) -> List[str]:
                 out.append(f"{rel}: nothing in it needs the cluster (no pytest.mark.slurm): tests/unit or tests/job")
             if kind != "cluster" and slurm:
                 out.append(f"{rel}: a slurm test outside tests/cluster")
-            if kind != "unit":
+            if kind not in ("unit", "security"):
                 continue
             for node in ast.walk(parsed):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
@@ -485,6 +485,8 @@ def test_the_misplaced_tests():
     ("unit/test_t.py", "def test_x():\n    import torch\n", "tests/unit/test_t.py:2: imports torch"),
     ("unit/test_t.py", "from launch.train import main\n", "tests/unit/test_t.py:1: imports launch.train"),
     ("unit/test_t.py", "from helpers.common import run\n", "tests/unit/test_t.py:1: imports helpers.common"),
+    ("security/test_t.py", "import deepspeed\n", "tests/security/test_t.py:1: imports deepspeed"),
+    ("security/test_t.py", "import pytest\n\npytestmark = pytest.mark.slurm\n", "a slurm test outside"),
     ("unit/test_t.py", "import pytest\n\n\n@pytest.mark.slurm\ndef test_x():\n    pass\n", "a slurm test outside"),
     ("job/test_t.py", "import pytest\n\npytestmark = pytest.mark.slurm\n", "a slurm test outside"),
     ("cluster/test_t.py", "def test_x():\n    pass\n", "nothing in it needs the cluster"),
