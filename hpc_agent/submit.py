@@ -206,6 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc.render(), file=sys.stderr)
         print("Nothing was submitted.", file=sys.stderr)
         return EXIT_CONFIG
+    from hpc_agent.core.filemodes import check_runs_root
+
+    shared = check_runs_root(runs_root, opted_in=cfg.run.group_readable)  # who else can write it (docs/security.md)
+    if shared is not None:
+        print(f"{shared}\nNothing was submitted.", file=sys.stderr)
+        return EXIT_CONFIG
     if args.dry_run:
         print("# Resolved config")
         print(to_yaml(cfg))

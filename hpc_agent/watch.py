@@ -29,12 +29,13 @@ from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.core import handback
+from hpc_agent.core import filemodes
 from hpc_agent.core.filemodes import make_dir
 from hpc_agent.policy.decide import PolicyLimits
 from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S as INTENT_GRACE_S, SlurmCLI, SlurmError
 from hpc_agent.slurm.sinfo import max_node_memory_mb, node_memory_argv
 from hpc_agent.state import killswitch
-from hpc_agent.state.ledger import LEDGER_FILE, Ledger
+from hpc_agent.state.ledger import LEDGER_FILE, Ledger, ledger_problem
 from hpc_agent.watcher import notifier
 
 EXIT_OK = exit_status.OK
@@ -65,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds without a heartbeat after which another watcher may take over (default 60)")
     parser.add_argument("--wait-for-lease", action="store_true",
                         help="if another watcher holds the runs root, wait for its lease to expire instead of exiting")
+    parser.add_argument("--shared-runs-root", action="store_true",
+                        help=f"accept a group-writable runs root (a project directory shared on purpose; also "
+                             f"{filemodes.SHARED_ROOT_ENV}=1): the watcher then acts only on run directories this user "
+                             f"owns and nobody else can write (docs/security.md)")
     notifier.add_arguments(parser)  # --notify-webhook/--notify-command: the runs-root default (docs/notifications.md)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--pause", action="store_true",
@@ -127,6 +132,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.notify_default = notifier.default_from_args(args)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    opted_in = args.shared_runs_root or os.environ.get(filemodes.SHARED_ROOT_ENV) == "1"
+    shared = filemodes.check_runs_root(runs_root, opted_in) or ledger_problem(runs_root)
+    if shared is not None:
+        print(shared, file=sys.stderr)
         return EXIT_USAGE
     if not (runs_root / LEDGER_FILE).exists():
         print(f"no ledger at {runs_root / LEDGER_FILE} yet: submit a run first, or pass --runs-root", file=sys.stderr)

@@ -125,3 +125,67 @@ def restricted_umask(group: bool) -> Iterator[None]:
         yield
     finally:
         os.umask(old)
+
+
+# --- who else can write: the trust checks (docs/security.md) ---------------------------------------------
+SHARED_ROOT_ENV = "HPC_AGENT_SHARED_RUNS_ROOT"
+"""Set to 1 to opt a group-writable runs root in for ``watch`` (``submit`` takes ``run.group_readable: true``)."""
+
+
+def others_may_write(mode: int) -> Optional[str]:
+    """Who besides the owner may create, rename or delete entries in a folder of this mode (None: nobody)."""
+    return "every user" if mode & 0o002 else "its group" if mode & 0o020 else None
+
+
+def runs_root_problem(mode: int, opted_in: bool) -> Optional[str]:
+    """Why a runs root of this mode may not be used, or None. A root others may write is refused unless
+    its owner opted in to a group-shared root; even then one that every user may write, without the sticky
+    bit, is refused (anyone could swap a run directory)."""
+    who = others_may_write(mode)
+    if who is None:
+        return None
+    sticky = bool(mode & stat.S_ISVTX)
+    if opted_in and (who == "its group" or sticky):
+        return None
+    return (f"{who} can write it (mode {stat.S_IMODE(mode):04o}), so another user could rename a run directory and "
+            f"plant files the watcher reads. Use a private runs root (chmod g-w,o-w), or, for a project directory "
+            f"shared on purpose, opt in: run.group_readable: true for submit, {SHARED_ROOT_ENV}=1 (or "
+            f"--shared-runs-root) for watch" + ("" if who == "its group" or sticky else
+                                               "; a world-writable root also needs the sticky bit (chmod +t)"))
+
+
+def check_runs_root(path: str | os.PathLike, opted_in: bool) -> Optional[str]:
+    """:func:`runs_root_problem` of an existing folder (None when it does not exist yet: submit makes it 0700)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    problem = runs_root_problem(info.st_mode, opted_in)
+    return None if problem is None else f"runs root {path}: {problem}"
+
+
+def owned_problem(info: os.stat_result, uid: int, what: str) -> Optional[str]:
+    """Why a file or folder, by its ``lstat``, is not ours to trust: a link, another owner, or writable by
+    others (None: it is ours alone to write)."""
+    if stat.S_ISLNK(info.st_mode):
+        return f"{what} is a symbolic link"
+    if info.st_uid != uid:
+        return f"{what} is owned by uid {info.st_uid}, not by this user (uid {uid})"
+    if info.st_mode & 0o022:
+        return f"{what} is writable by {'every user' if info.st_mode & 0o002 else 'its group'}"
+    return None
+
+
+def run_dir_problem(run_dir: str | os.PathLike) -> Optional[str]:
+    """Why the watcher must not act in this run directory (None: it is this user's, and nobody else may
+    write it). A directory renamed away and replaced by another user's, or a link to one, is caught here."""
+    try:
+        info = os.lstat(run_dir)
+    except FileNotFoundError:
+        return None  # gone: the readers say so
+    except OSError as exc:
+        return f"run directory {run_dir}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(info.st_mode) and not stat.S_ISLNK(info.st_mode):
+        return f"run directory {run_dir} is not a directory"
+    problem = owned_problem(info, os.geteuid(), f"run directory {run_dir}")
+    return None if problem is None else problem + ": not followed (docs/security.md)"

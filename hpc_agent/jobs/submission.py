@@ -58,7 +58,7 @@ def record_job(ledger: Ledger, submission_id: int, run_id: str, job_id: str) -> 
 
 def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, config_path: Path, kind: str,
                    reason: str):
-    """Record the intent, submit the job (:func:`job_for`) through submitit, record the job id; returns the
+    """Record the config (the one the watcher acts on: hpc_agent/state/run_config.py) and the intent, submit the job (:func:`job_for`) through submitit, record the job id; returns the
     submitit job.
 
     An exception from sbatch (no job id) propagates as is (recorded as a refusal, except
@@ -66,6 +66,9 @@ def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, conf
     :class:`SubmittedButIncomplete`, which carries the job: the caller must not stop the run."""
     from hpc_agent.slurm.submitit_timeout import SbatchTimedOut
 
+    from hpc_agent.state import run_config
+
+    run_config.record(ledger, run_id, cfg, f"submitted ({reason})")  # what the watcher acts on from now on
     submission_id = ledger.record_intent(run_id, kind, str(config_path), reason=reason)
     crash_point("after_intent")
     try:

@@ -45,6 +45,26 @@ def _create_private(path: Path) -> None:
             set_mode(side, mode)
 
 
+def ledger_problem(runs_root: str | Path) -> Optional[str]:
+    """Why the ledger in ``runs_root`` (or a SQLite file beside it) is not to be trusted, or None: each must be
+    a regular file of this user's that nobody else can write. In a group-writable runs root another member
+    could replace it, or plant a ``-wal`` file that SQLite would replay into it."""
+    from hpc_agent.core.filemodes import owned_problem
+
+    path = Path(runs_root) / LEDGER_FILE
+    for candidate in (path, *(path.with_name(path.name + suffix) for suffix in SIDECARS)):
+        try:
+            info = os.lstat(candidate)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{candidate}: {exc.strerror or exc}"
+        problem = owned_problem(info, os.geteuid(), str(candidate))
+        if problem is not None:
+            return problem + ": refusing to use this ledger (docs/security.md)"
+    return None
+
+
 @dataclass(frozen=True)
 class Submission:
     id: int
@@ -273,6 +293,25 @@ class Ledger:
             out[job_id] = (attempt, asked_at, {int(k): (int(v[0]), int(v[1])) for k, v in json.loads(stack_marks).items()},
                            json.loads(verdict))
         return out
+
+    def record_config(self, run_id: str, yaml_text: str, source: str) -> int:
+        """Store a new version of the run's config (the YAML text and its SHA-256); returns its version. The
+        newest version is the one the watcher acts on (hpc_agent/state/run_config.py)."""
+        import hashlib
+
+        row = self.db.execute("SELECT MAX(version) FROM run_configs WHERE run_id = ?", (run_id,)).fetchone()
+        version = (row[0] or 0) + 1
+        self.db.execute("INSERT INTO run_configs(run_id, version, at, source, yaml, sha256) VALUES (?, ?, ?, ?, ?, ?)",
+                        (run_id, version, self.clock(), source, yaml_text,
+                         hashlib.sha256(yaml_text.encode("utf-8")).hexdigest()))
+        return version
+
+    def latest_config(self, run_id: str) -> Optional[Tuple[int, str, str, str]]:
+        """``(version, source, yaml, sha256)`` of the run's newest recorded config, or None (a run submitted
+        before the ledger kept configs)."""
+        row = self.db.execute("SELECT version, source, yaml, sha256 FROM run_configs WHERE run_id = ? "
+                              "ORDER BY version DESC LIMIT 1", (run_id,)).fetchone()
+        return tuple(row) if row else None  # type: ignore[return-value]
 
     def submissions(self, run_id: str) -> List[Submission]:
         return [Submission(*row) for row in self.db.execute(

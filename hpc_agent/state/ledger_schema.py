@@ -98,6 +98,19 @@ CREATE TABLE IF NOT EXISTS notify_cursor (
     one  INTEGER PRIMARY KEY CHECK (one = 1),
     seq  INTEGER NOT NULL
 );
+-- The config the watcher acts on (hpc_agent/state/run_config.py): every version of a run's config, as YAML, with
+-- its SHA-256. Written by submit (the config it submits), by the watcher (each resubmission's or exclusion's
+-- patch) and by the watcher's ingest of the job's own repairs (allow-listed keys only). The run directory's
+-- config.yaml is the job's copy; the watcher never acts on it.
+CREATE TABLE IF NOT EXISTS run_configs (
+    run_id   TEXT NOT NULL,
+    version  INTEGER NOT NULL,
+    at       REAL NOT NULL,
+    source   TEXT NOT NULL,
+    yaml     TEXT NOT NULL,
+    sha256   TEXT NOT NULL,
+    PRIMARY KEY(run_id, version)
+);
 -- One watcher per runs root: a lease with a heartbeat (hpc_agent/state/journal.py WatcherLease).
 CREATE TABLE IF NOT EXISTS watcher_lease (
     one        INTEGER PRIMARY KEY CHECK (one = 1),

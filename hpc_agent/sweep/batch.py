@@ -269,6 +269,9 @@ def register_trial(ledger, job: TrialJob, job_id: str, sweep: str, batch: str, s
         if ledger.run(job.run_id) is None:
             ledger.add_run(job.run_id, job.cfg.run.name, str(job.run_dir))
         if job_id not in {s.job_id for s in ledger.submissions(job.run_id)}:
+            from hpc_agent.state import run_config
+
+            run_config.record(ledger, job.run_id, job.cfg, f"sweep {sweep} trial {job.number}")
             sub = ledger.record_intent(job.run_id, "slurm", str(job.config_path),
                                        reason=f"sweep {sweep} trial {job.number}")
             ledger.record_submitted(sub, job_id)

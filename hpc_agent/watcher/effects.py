@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hpc_agent.config.load import apply_patch, load_run_config, write_run_config
+from hpc_agent.config.load import apply_patch, write_run_config
 from hpc_agent.core import rundir
 from hpc_agent.core.checkpoint_format import set_aside_after
+from hpc_agent.core.filemodes import run_dir_problem
 from hpc_agent.jobs.submission import SubmittedButIncomplete, crash_point
 from hpc_agent.slurm.cli import SBATCH_IN_FLIGHT_S
 from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.slurm.queries import jobs_named, queue_state
-from hpc_agent.state import audit
+from hpc_agent.state import audit, run_config
 from hpc_agent.state.journal import EffectRow
 from hpc_agent.state.ledger import Ledger, Run, Submission
 from hpc_agent.state.lifecycle import FOLLOWED, Event, EventKind, Phase
@@ -79,8 +80,8 @@ def _expedite(ctx: Context, run: Run, e: EffectRow) -> str:
 def _exclude(ctx: Context, run: Run, e: EffectRow) -> str:
     nodes = e.args["nodes"]
     ctx.slurm.run(["scontrol", "update", f"JobId={e.job_id}", f"ExcNodeList={nodes}"])
-    cfg = load_run_config(Path(run.run_dir))
-    write_run_config(Path(run.run_dir), apply_patch(cfg, e.args["patch"]))  # setting a value twice is harmless
+    cfg = apply_patch(run_config.current(ctx.ledger, run.run_id, run.run_dir), e.args["patch"])
+    run_config.commit(ctx.ledger, run.run_id, run.run_dir, cfg, f"exclude {nodes} from job {e.job_id}")  # twice: harmless
     ctx.say(run.run_id, f"requeued job {e.job_id} now excludes {nodes}")
     return f"excluded {nodes}"
 
@@ -145,14 +146,16 @@ def _resubmit(ctx: Context, run: Run, e: EffectRow) -> str:
             if found:
                 return f"submitted as job {found} (found in Slurm after a restart)"
     run_dir = Path(run.run_dir)
-    cfg = apply_patch(load_run_config(run_dir), e.args.get("patch", {}))
+    cfg = apply_patch(run_config.current(ctx.ledger, run.run_id, run_dir), e.args.get("patch", {}))
     to_step, before_step = e.args.get("rollback_to_step"), e.args.get("rollback_before_step")
     if to_step is not None or before_step is not None:
         moved = set_aside_after(run_dir, to_step, before_step)
         if moved:
             ctx.say(run.run_id, f"rollback: set aside checkpoints {', '.join(moved)}")
     n = len(ctx.ledger.submissions(run.run_id))
-    write_run_config(run_dir, cfg, name=rundir.config_history_path(run_dir, n).name)  # every attempt's config
+    # The job's copies, from the watcher's own config (never from what the run dir held): every attempt's config,
+    # and config.yaml; submit_attempt records this config in the ledger with the intent.
+    write_run_config(run_dir, cfg, name=rundir.config_history_path(run_dir, n).name)
     path = write_run_config(run_dir, cfg)
     try:
         job = ctx.submit(ctx.ledger, run.run_id, run_dir, cfg, path, ctx.executor, reason=e.args.get("reason", ""))
@@ -185,7 +188,8 @@ def _adopt(ctx: Context, run: Run, e: EffectRow) -> str:
         from hpc_agent.jobs.submission import update_run_json
 
         run_dir = Path(run.run_dir)
-        update_run_json(run_dir, run.run_id, executor, successor, Path(config_path), load_run_config(run_dir))
+        update_run_json(run_dir, run.run_id, executor, successor, Path(config_path),
+                        run_config.current(ctx.ledger, run.run_id, run_dir))
     except Exception as exc:  # noqa: BLE001 - see above
         ctx.say(run.run_id, f"run.json not updated for job {successor} ({exc})")
     ctx.say(run.run_id, f"following job {successor}, the successor job {e.job_id} submitted at its preemption")
@@ -252,8 +256,10 @@ class Carrier:
             return
         if found is None:
             self.ctx.say(run.run_id, f"intent #{sub.id} never reached Slurm; submitting it now")
-            job = self.ctx.submit(self.ctx.ledger, run.run_id, Path(run.run_dir),
-                                  load_run_config(Path(run.run_dir)), Path(sub.config_path), sub.executor,
+            cfg = run_config.current(self.ctx.ledger, run.run_id, run.run_dir)
+            if Path(sub.config_path) == rundir.config_path(Path(run.run_dir)):
+                write_run_config(Path(run.run_dir), cfg)  # the job's copy, from the watcher's own
+            job = self.ctx.submit(self.ctx.ledger, run.run_id, Path(run.run_dir), cfg, Path(sub.config_path), sub.executor,
                                   reason=sub.reason)
             audit.record_action(self.journal, run.run_id, "submit", str(getattr(job, "job_id", job)),
                                 f"intent #{sub.id} ({sub.reason or 'submit'}) never reached Slurm: submitted again",
@@ -262,7 +268,12 @@ class Carrier:
     def run_effects(self, run: Run) -> None:
         from hpc_agent.slurm.cli import SlurmError
 
+        foreign = run_dir_problem(run.run_dir)  # never submit into, or write, a run dir someone else controls
         for effect in self.journal.pending(run.run_id):
+            if foreign is not None:
+                self.journal.mark_try(effect.id, foreign)
+                self.ctx.say(run.run_id, f"{effect.kind} refused: {foreign}")
+                return
             try:
                 result = carry_out(self.ctx, run, effect)
             except (Retry, SlurmError, OSError) as exc:
@@ -289,6 +300,8 @@ class Carrier:
         for run_id in sorted(run_ids if run_ids is not None else self.journal.unwritten_runs()):
             run = self.ctx.ledger.run(run_id)
             if run is None:  # a sweep-level record (a held job no trial owns): it has no run dir, the ledger keeps it
+                continue
+            if run_dir_problem(run.run_dir) is not None:  # not ours to write into: the ledger keeps the records
                 continue
             try:
                 self.journal.flush_events(run_id, Path(run.run_dir), self.time_of, crash_point)

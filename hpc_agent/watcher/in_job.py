@@ -1,8 +1,9 @@
 """The job's own repairs, as the watcher records them: ``journal/in_job.jsonl`` -> ledger audit -> events.jsonl.
 
 The line format, and the reader that checks every field, are :mod:`hpc_agent.core.in_job_journal`; the job also writes each
-repair's patch into the run's ``config.yaml`` (``launch.recovery.carry_into_config``), the file every later
-attempt of the run loads.
+repair's patch into the run's ``config.yaml`` (``launch.recovery.carry_into_config``), the file a requeued attempt
+loads. The watcher takes the patch into its own copy of the config in the ledger (the one it resubmits from),
+allow-listed keys only (:mod:`hpc_agent.state.run_config`); a refused key is audited (``refused_in_job_patch``).
 
 Each valid line becomes one audit record in the ledger (so ``events.jsonl``, ``review`` and ``diagnose``
 see it) shaped like the watcher's own decision records, plus ``decided_in: "job"``, ``in_job_seq`` and
@@ -39,14 +40,27 @@ def recorded_seq(journal: Any, run_id: str) -> int:
 
 
 def record_new(journal: Any, run_id: str, decisions: List[InJobDecision]) -> List[InJobDecision]:
-    """Audit the decisions not recorded yet, in one transaction; returns them."""
+    """Audit the decisions not recorded yet, and take each one's patch into the watcher's own copy of the
+    config (allow-listed keys only: hpc_agent/state/run_config.py), in one transaction; returns them."""
+    from hpc_agent.state import run_config
+
     with journal.ledger.transaction():
         if journal.lease is not None:
             journal.lease.check()  # another watcher took the root over: it records them
         done = recorded_seq(journal, run_id)
         new = sorted((d for d in decisions if d.seq > done), key=lambda d: d.seq)
+        run = journal.ledger.run(run_id)
         for d in new:
             journal.add_audit(run_id, audit_record(d))
+            if not d.patch or run is None:
+                continue
+            taken = run_config.apply_in_job(
+                journal.ledger, run_id, run.run_dir, d.patch, f"in-job repair {d.seq} of job {d.job_id}")
+            if taken["refused"] or taken["problem"]:
+                journal.add_audit(run_id, {
+                    "action": "refused_in_job_patch", "job_id": d.job_id, "in_job_seq": d.seq,
+                    "refused_keys": taken["refused"], "problem": taken["problem"],
+                    "reason": "the job may change only " + ", ".join(sorted(run_config.IN_JOB_KEYS))})
     return new
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.profile import sacct_json_quirk
 from hpc_agent.core.handback import handing_back, read_successor
@@ -24,7 +23,7 @@ from hpc_agent.policy.decide import PolicyLimits
 from hpc_agent.slurm.attempt_cache import AttemptCache
 from hpc_agent.slurm.job_match import Claim, own_attempts
 from hpc_agent.slurm.queries import queue_state
-from hpc_agent.state import killswitch
+from hpc_agent.state import killswitch, run_config
 from hpc_agent.state.journal import Journal, LeaseLost, WatcherLease, commit_or_skip
 from hpc_agent.state.ledger import Ledger, Run
 from hpc_agent.state.lifecycle import FOLLOWED, Event, EventKind, Phase, transition
@@ -233,7 +232,7 @@ class Watcher:
         known = self._settings.get(state.job_id)
         if known is None:
             try:
-                cfg = load_run_config(Path(run.run_dir))
+                cfg = run_config.current(self.ledger, run.run_id, run.run_dir)
             except (OSError, ConfigError):
                 return None
             known = self._settings[state.job_id] = (cfg.resilience, cfg.watch.enabled, not cfg.train.command)
@@ -249,7 +248,8 @@ class Watcher:
         if want.files:
             scalars = self._scalars.get(run.run_id) or observe.scalars_for(Path(run.run_dir))
             self._scalars[run.run_id] = scalars
-            files = observe.read_files(Path(run.run_dir), state.job_id, scalars)
+            files = observe.read_files(Path(run.run_dir), state.job_id, scalars,
+                                       lambda: run_config.current(self.ledger, run.run_id, run.run_dir))
         live = self._live(run, state, attempts[-1], want.stacks) if want.live else None
         # Did the job hand over to a successor (hpc_agent/core/handback.py)? One lstat, only once it stopped running.
         successor = None if attempts[-1].state in RUNNING_STATES else read_successor(run.run_dir, state.job_id)

@@ -18,8 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from hpc_agent.config.load import load_run_config
 from hpc_agent.config.notify import NotifyConfig, redact_url
+from hpc_agent.state import run_config
 from hpc_agent.watcher.notify_events import Notification, notifications_for, paused_notification, wants_budget
 
 OUTPUT_TAIL = 300   # characters of a failed command's stderr kept in the log and audit
@@ -189,12 +189,14 @@ class Notifier:
 
     def _settings(self, run_id: str):
         """(the notify settings for this run, its config or None): the run's own section when it names a
-        channel (the run's config wins), else the runs-root default; None when neither has a channel."""
+        channel (the run's config wins), else the runs-root default; None when neither has a channel. The run's
+        config is the one its owner submitted, as the ledger keeps it (hpc_agent/state/run_config.py): a
+        command or URL written into the run directory is never run or sent to."""
         cfg = None
         run = self.ledger.run(run_id)
         if run is not None:
             try:
-                cfg = load_run_config(Path(run.run_dir))
+                cfg = run_config.current(self.ledger, run_id, run.run_dir)
             except Exception:  # noqa: BLE001 - an unreadable config (often why a run needs attention): use the default
                 cfg = None
         own = getattr(cfg, "notify", None)

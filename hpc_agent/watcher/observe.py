@@ -14,10 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
+from hpc_agent.config.schema import Config
 from hpc_agent.core import rundir
 from hpc_agent.core.checkpoint_format import complete_steps
+from hpc_agent.core.filemodes import run_dir_problem
 from hpc_agent.diagnosis.alarms import run_alarms
 from hpc_agent.diagnosis.hang import judge
 from hpc_agent.metrics.tb_reader import RunScalars
@@ -129,15 +130,21 @@ def _without_accounting(slurm, ids: List[str], error: Exception, report, say) ->
     return text
 
 
-def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars]) -> RunFiles:
+def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars],
+               config_of: Callable[[], Config]) -> RunFiles:
     """The run's config, the job's log tails, fatal TensorBoard alarms and complete checkpoints, each read
     bounded and regular-file-only. ``scalars`` is the run's incremental TensorBoard reader (kept between
-    ticks by the watcher, so each tick reads only new bytes)."""
+    ticks by the watcher, so each tick reads only new bytes). ``config_of`` gives the config the watcher acts
+    on (the ledger's: hpc_agent/state/run_config.py), never the run directory's; it may raise ConfigError or
+    OSError, which become a problem of the run."""
+    foreign = run_dir_problem(run_dir)  # renamed away and replaced, or writable by others: read nothing in it
+    if foreign is not None:
+        return RunFiles(None, (), (), (), (foreign,), ())
     problems: List[str] = []
     notes: List[str] = []
     config = None
     try:
-        config = load_run_config(run_dir)
+        config = config_of()
     except ConfigError as exc:
         text = "; ".join(p.expected if p.value == "<file>" else str(p) for p in exc.problems)
         problems.append(f"{rundir.CONFIG} is not a valid config: " + " ".join(text.split())[:500])

@@ -14,6 +14,7 @@ from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.config.notify import NotifyConfig, redact_url, sbatch_options
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.policy.decide import PastAttempt, retries_left
+from hpc_agent.state import run_config
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.ledger import Ledger
 from hpc_agent.watcher.notifier import Notifier, NotifyFailed, deliver, send_command, send_webhook
@@ -258,8 +259,9 @@ def test_watch_refuses_a_bad_default_notifier_without_showing_the_url(tmp_path, 
 def test_the_watcher_notifies_a_run_it_gives_up_on_and_survives_a_failing_notifier(world):  # noqa: F811
     run_dir, job = add_run(world, "r", log=CODE_LOG)
     with Receiver() as server:
-        write_run_config(run_dir, build_config([{"run": {"name": "t"}, "notify": {
-            "webhook_url": server.url, "command": ["sh", "-c", "exit 1"]}}]))
+        cfg = build_config([{"run": {"name": "t"}, "notify": {"webhook_url": server.url,
+                                                                "command": ["sh", "-c", "exit 1"]}}])
+        run_config.record(world["ledger"], "r", cfg, "submitted (submit)")  # the owner's config, as submit keeps it
         world["slurm"].fail(job, 1)
         world["watcher"].tick()
         world["watcher"].tick()

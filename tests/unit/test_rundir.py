@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_agent.config.load import build_config, to_yaml
+from hpc_agent.config.load import build_config, load_run_config, to_yaml
 from hpc_agent.core import rundir
 from hpc_agent.watcher.observe import read_files, scalars_for
 
@@ -63,7 +63,7 @@ def _poisoned_run(tmp_path: Path) -> Path:
 
 def test_every_poison_is_a_problem_or_a_note_and_nothing_raises(tmp_path):
     run_dir = _poisoned_run(tmp_path)
-    files = read_files(run_dir, "7", scalars_for(run_dir))
+    files = read_files(run_dir, "7", scalars_for(run_dir), lambda: load_run_config(run_dir))
     assert files.config is None
     reasons = " | ".join(files.problems)
     assert "config.yaml is not a valid config" in reasons
@@ -78,5 +78,5 @@ def test_a_good_run_reads_clean(tmp_path):
     rundir.slurm_dir(run_dir).mkdir(parents=True)
     rundir.config_path(run_dir).write_text(to_yaml(build_config([{"run": {"name": "t"}}])))
     (rundir.slurm_dir(run_dir) / "7_0_log.out").write_text("ok\n")
-    files = read_files(run_dir, "7", scalars_for(run_dir))
+    files = read_files(run_dir, "7", scalars_for(run_dir), lambda: load_run_config(run_dir))
     assert files.problems == () and files.notes == () and files.config.run.name == "t"

@@ -17,6 +17,7 @@ import pytest
 from hpc_agent.config.load import build_config, load_snapshot, write_run_config
 from hpc_agent.jobs.submission import record_job
 from hpc_agent.slurm.job_match import job_name_for
+from hpc_agent.state import run_config
 from hpc_agent.state.ledger import Ledger
 from hpc_agent.watcher.loop import Watcher
 from tests.helpers.fake_slurm import FakeSlurm
@@ -35,13 +36,14 @@ ZeroDivisionError: division by zero
 
 
 class FakeSubmitter:
-    """submit_attempt's bookkeeping around the fake's sbatch: intent, sbatch (the run's job name), job id."""
+    """submit_attempt's bookkeeping around the fake's sbatch: the config, intent, sbatch (the run's job name), job id."""
 
     def __init__(self, slurm: FakeSlurm):
         self.slurm = slurm
         self.calls = []
 
     def __call__(self, ledger, run_id, run_dir, cfg, config_path, kind, reason):
+        run_config.record(ledger, run_id, cfg, f"submitted ({reason})")
         sid = ledger.record_intent(run_id, kind, str(config_path), reason)
         argv = ["sbatch", "--parsable", "--job-name", job_name_for(run_id), "--wrap", "x"]
         job_id = self.slurm.run(argv).stdout.strip()
@@ -72,6 +74,7 @@ def add_run(world, run_id: str, log: str = "", start: bool = True, **train) -> T
     path = write_run_config(run_dir, cfg)
     ledger = world["ledger"]
     ledger.add_run(run_id, "t", str(run_dir))
+    run_config.record(ledger, run_id, cfg, "submitted (submit)")  # as submit_attempt does
     sid = ledger.record_intent(run_id, "slurm", str(path), "submit")
     job_id = slurm.submit(job_name_for(run_id))
     ledger.record_submitted(sid, job_id)
