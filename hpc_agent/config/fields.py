@@ -17,10 +17,13 @@ backslash and ``%``. Every value is bounded, so a huge one is a config error her
 """
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from hpc_agent.config.problems import Problem
 
 PATH_MAX = 4096  # bytes, Linux PATH_MAX (with the NUL)
 NAME_MAX = 255  # bytes of one path component
@@ -159,3 +162,65 @@ def path_problem(value: str, *, sbatch: bool, reserve: int = 0) -> Optional[str]
     if len(longest.encode("utf-8")) > NAME_MAX:
         return f"{fix} whose every component is at most {NAME_MAX} bytes ({longest[:20]!r}... is longer)"
     return None
+
+
+# Every value of every section, whatever its field: one walk (:func:`value_problems`, run by the loader on the
+# merged config) instead of a check per field that the next new field forgets.
+INT_LIMIT = 2 ** 53
+"""No integer in a config is larger: beyond 2**53 JSON readers, SQLite's REAL and TensorBoard's floats round it,
+and no count, size or step here needs more. A string of digits is coerced to an integer by the loader, so this
+is also what stops ``max_steps: "123...29 digits"``."""
+INT_RANGES: Dict[str, Tuple[int, int, str]] = {
+    "train.seed": (0, 2 ** 32 - 1, "NumPy and scikit-learn take seeds from 0 to 2**32-1"),
+    "slurm.signal_lead_s": (1, 65535, "sbatch --signal=USR2@N takes N up to 65535 s"),
+    "slurm.nodes": (1, 2 ** 31 - 1, "Slurm counts nodes in 32 bits"),
+    "slurm.tasks_per_node": (1, 2 ** 31 - 1, "Slurm counts tasks in 32 bits"),
+    "slurm.cpus_per_task": (1, 2 ** 31 - 1, "Slurm counts CPUs in 32 bits"),
+    "slurm.gpus_per_node": (0, 2 ** 31 - 1, "Slurm counts GPUs in 32 bits"),
+}
+"""Integer fields with a narrower range than :data:`INT_LIMIT`: ``key -> (lowest, highest, why)``."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _walk(node: Any, path: str) -> Iterator[Tuple[str, Any]]:
+    """``(key path, value)`` of every leaf, keys included (as ``<path> (key)``), lists as ``path[i]``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield f"{path} (key)", key
+            yield from _walk(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from _walk(item, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def value_problem(key: str, value: Any) -> Optional[str]:
+    """The expected-text for one leaf of any field, or None: text without lone surrogates, finite floats,
+    integers in range. Pure; the field's own checks (sections' ``problems``) come on top."""
+    if isinstance(value, str):
+        bad = _SURROGATE.search(value)
+        if bad:
+            return (f"text without a lone surrogate (the escape \\u{ord(bad.group()):04x} at position {bad.start()} "
+                    "is half of a UTF-16 pair, no character, and cannot be written as UTF-8): write the character "
+                    "itself, or its \\U0001XXXX escape")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return "a finite number (nan and inf are no setting: write a number such as 3e-4)"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        lo, hi, why = INT_RANGES.get(key, (-INT_LIMIT, INT_LIMIT, "larger integers lose precision in JSON, "
+                                            "the ledger and TensorBoard, and no setting needs them"))
+        if not lo <= value <= hi:
+            return f"an integer from {lo} to {hi} ({why})"
+    return None
+
+
+def value_problems(data: Any, section: str) -> List[Problem]:
+    """Every leaf of ``data`` (a section as plain values) checked by :func:`value_problem`."""
+    problems: List[Problem] = []
+    for key, value in _walk(data, section):
+        if why := value_problem(key, value):
+            big = isinstance(value, int) and value.bit_length() > 256  # str() of a huge int can itself raise
+            shown = f"an integer of {value.bit_length()} bits" if big else value
+            problems.append(Problem(key, shown, why))
+    return problems
