@@ -117,12 +117,55 @@ FIELD_RULES: Dict[str, Rule] = {
 }
 # extra_sbatch options with a known syntax; every other option gets PLAIN.
 OPTION_RULES: Dict[str, Rule] = {
-    "partition": NAMES, "account": NAME, "qos": NAME, "reservation": NAME, "wckey": NAME, "clusters": NAMES,
-    "constraint": CONSTRAINT, "cluster-constraint": CONSTRAINT, "prefer": CONSTRAINT,
-    "nodelist": HOSTLIST, "exclude": HOSTLIST, "mem": MEM, "mem-per-cpu": MEM, "mem-per-gpu": MEM, "tmp": MEM,
-    "time": TIME, "time-min": TIME, "mail-type": MAIL_TYPE, "mail-user": MAIL_USER, "dependency": DEPENDENCY,
+    "reservation": NAME, "wckey": NAME, "clusters": NAMES,
+    "cluster-constraint": CONSTRAINT, "prefer": CONSTRAINT,
+    "nodelist": HOSTLIST, "mem-per-cpu": MEM, "mem-per-gpu": MEM, "tmp": MEM,
+    "time-min": TIME, "mail-type": MAIL_TYPE, "mail-user": MAIL_USER, "dependency": DEPENDENCY,
 }
 EXTRA_PREFIX = "slurm.extra_sbatch."
+
+_LOG = "set run.runs_root (the log is <run dir>/slurm/%j_0_log.out, which the watcher, diagnose and review read)"
+_GPUS = "set slurm.gpus_per_node, written as profile.gpu_request says"
+OWNED_OPTIONS: Dict[str, str] = {
+    "output": _LOG, "error": _LOG,
+    "open-mode": "there is no setting: it is always append, so a requeued attempt never truncates the log before it",
+    "signal": "set slurm.signal_lead_s (USR2 that many seconds before the limit is how the job checkpoints in time)",
+    "requeue": "set slurm.requeue", "no-requeue": "set slurm.requeue",
+    "array": ("there is no setting: a run is one job (its log paths and requeue name the job id); sweeps make "
+              "arrays themselves"),
+    "job-name": "set run.name (the job name carries the run id, by which the watcher finds the job)",
+    "comment": "set run.name (the comment carries the run id, by which the watcher finds the job)",
+    "parsable": "there is no setting: submit reads the job id from sbatch itself",
+    "wrap": "there is no setting: hpc_agent writes the job script",
+    "chdir": "set container.workdir in a container; otherwise submit from the directory the job should run in",
+    "workdir": "set container.workdir in a container; otherwise submit from the directory the job should run in",
+    "wait": "use submit --wait (sbatch itself must return the job id at once)",
+    "test-only": "use submit --place auto (it runs sbatch --test-only itself)",
+    "nodes": "set slurm.nodes (the ranks, their log files and the memory check follow from it)",
+    "ntasks": "set slurm.nodes and slurm.tasks_per_node (one rank per task)",
+    "ntasks-per-node": "set slurm.tasks_per_node (one rank per task)",
+    "cpus-per-task": "set slurm.cpus_per_task",
+    "gpus-per-node": _GPUS, "gpus": _GPUS, "gres": _GPUS,
+    "partition": "set slurm.partition (placement and the memory check read it)",
+    "account": "set slurm.account", "qos": "set slurm.qos", "constraint": "set slurm.constraint",
+    "exclude": "set slurm.exclude (the watcher adds failed nodes to it)",
+    "mem": "set slurm.mem (the memory repair raises it)",
+    "time": "set slurm.time (the job's time limit and the signal lead are computed from it)",
+}
+"""The sbatch options hpc_agent sets itself or depends on: ``option -> the setting to use instead``. An
+``extra_sbatch`` key that is one of them, or that sbatch would read as one (getopt_long takes any unambiguous
+abbreviation: ``outp`` is ``--output``), is refused (docs/config.md lists them)."""
+
+
+def owned_option_problem(option: str) -> Optional[str]:
+    """None when ``slurm.extra_sbatch.<option>`` may be set, else the expected-text naming the setting to use."""
+    owned = [name for name in OWNED_OPTIONS if name.startswith(option)]
+    if not owned:
+        return None
+    name = option if option in OWNED_OPTIONS else owned[0]
+    alias = "" if name == option else f" (sbatch reads --{option} as an abbreviation of --{name})"
+    return (f"an sbatch option hpc_agent does not set itself: --{name}{alias} is hpc_agent's, remove it from "
+            f"slurm.extra_sbatch; {OWNED_OPTIONS[name]}")
 
 
 def char_name(ch: str) -> str:
@@ -137,7 +180,8 @@ def field_problem(key: str, value: str) -> Optional[str]:
         return path_problem(value, sbatch=True, reserve=RUN_DIR_RESERVE)
     if key.startswith(EXTRA_PREFIX):
         option = key[len(EXTRA_PREFIX):]
-        return OPTION_KEY.problem(option) or OPTION_RULES.get(option, PLAIN).problem(value)
+        return (OPTION_KEY.problem(option) or owned_option_problem(option)
+                or OPTION_RULES.get(option, PLAIN).problem(value))
     return FIELD_RULES.get(key, PLAIN).problem(value)
 
 

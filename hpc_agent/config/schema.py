@@ -136,7 +136,7 @@ class SlurmConfig:
     """Keys that may take a value from the environment (``${oc.env:NAME}``) although it reaches Slurm's
     metadata, e.g. ``[account]``. Without this, such a value is refused: ``#SBATCH`` options, the job name
     and the log paths (from ``run.runs_root``) are readable by every user of the cluster (``squeue``,
-    ``sacct``). Names are ``slurm.`` keys (``account``, ``extra_sbatch.comment``) or ``run.name`` /
+    ``sacct``). Names are ``slurm.`` keys (``account``, ``extra_sbatch.reservation``) or ``run.name`` /
     ``run.runs_root``."""
 
     def problems(self) -> List[Problem]:
