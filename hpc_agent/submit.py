@@ -123,6 +123,18 @@ def _warn(text: str) -> None:
         pass
 
 
+def _discard(run_dir: Path) -> None:
+    """Remove a run dir this submit made and could not finish (links inside are removed, never followed)."""
+    import shutil
+
+    try:
+        shutil.rmtree(run_dir)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        _warn(f"(could not remove the unfinished run dir {run_dir}: {exc})")
+
+
 def _audit_submit(ledger, run_id: str, job_id: str, kind: str) -> None:
     """The submit action's audit record; its failure never hides that the job is submitted."""
     from hpc_agent.state.audit import record_action
@@ -231,23 +243,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hpc_agent.core.filemodes import make_dir  # 0700 (0750 with run.group_readable), whatever the umask
 
-    make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
-    make_dir(rundir.tb_dir(run_dir))
-    make_dir(rundir.checkpoints_dir(run_dir))
-    write_run_config(run_dir, cfg)
-    if kind == "slurm":  # a project's own template goes with the run, for the watcher's resubmissions
-        from hpc_agent.jobs.containers import template_name
+    # From here until sbatch accepts the job, any failure removes the run dir again (_discard): a failed
+    # submit leaves no half-made run behind. The ledger keeps only a refusal by sbatch (the run stopped, with
+    # sbatch's error), the one failure that reached it.
+    try:
+        make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
+    except OSError as exc:  # e.g. a runs root we may not write: nothing was made
+        _warn(f"Creating the run directory {run_dir} failed: {exc}\nNothing was submitted.")
+        return exit_status.FAILED
+    try:
+        make_dir(rundir.tb_dir(run_dir))
+        make_dir(rundir.checkpoints_dir(run_dir))
+        write_run_config(run_dir, cfg)
+        if kind == "slurm":  # a project's own template goes with the run, for the watcher's resubmissions
+            from hpc_agent.jobs.containers import template_name
 
-        paths.keep_project_template(template_name(cfg), source, run_dir)
-    if snapshot is not None:  # first submission only: the watcher's resubmissions reuse this copy
-        try:
+            paths.keep_project_template(template_name(cfg), source, run_dir)
+        if snapshot is not None:  # first submission only: the watcher's resubmissions reuse this copy
             log.info(code_snapshot.describe(code_snapshot.take(snapshot, run_dir)))
-        except (OSError, ConfigError) as exc:
-            _warn(f"Copying your code into {rundir.code_dir(run_dir)} failed: {exc}\nNothing was submitted.")
-            return EXIT_CONFIG if isinstance(exc, ConfigError) else exit_status.FAILED
-    ledger = Ledger.in_runs_root(runs_root)
-    ledger.add_run(run_id, cfg.run.name, str(run_dir))
+        ledger = Ledger.in_runs_root(runs_root)
+    except Exception as exc:  # noqa: BLE001 - nothing reached Slurm or the ledger: undo, say why, no traceback
+        _discard(run_dir)
+        if isinstance(exc, ConfigError):
+            print(exc.render(), file=sys.stderr)
+            print("Nothing was submitted.", file=sys.stderr)
+            return EXIT_CONFIG
+        _warn(f"Preparing the run directory {run_dir} failed ({type(exc).__name__}: {exc})\nNothing was submitted.")
+        return exit_status.FAILED
     watch_cmd = f"python -m hpc_agent.watch --runs-root {runs_root}"
+    try:
+        ledger.add_run(run_id, cfg.run.name, str(run_dir))
+    except Exception as exc:  # noqa: BLE001 - no row, so nothing follows the run: undo it
+        ledger.close()
+        _discard(run_dir)
+        _warn(f"Recording the run in the ledger failed ({type(exc).__name__}: {exc})\nNothing was submitted.")
+        return exit_status.FAILED
     try:
         job = submit_attempt(ledger, run_id, run_dir, cfg, config_path, kind, reason="submit")
         _audit_submit(ledger, run_id, job.job_id, kind)
@@ -262,11 +292,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SbatchTimedOut as exc:  # the job may be queued: leave the run submitting; the watcher settles it
         _warn(f"warning: {exc}\n`{watch_cmd}` finds the job under the name {job_name_for(run_id)} if Slurm has it.")
         return EXIT_SUBMIT_FAILED
-    except Exception as exc:  # sbatch refused (no job id): say why, keep the run dir and the ledger row
+    except Exception as exc:  # sbatch refused (no job id): say why, mark the run stopped, remove its dir
         try:
             ledger.advance(run_id, Event(EventKind.SUBMIT_FAILED))
         except Exception as inner:  # noqa: BLE001 - the ledger itself failed; the refusal is still the news
             _warn(f"(could not mark the run stopped in the ledger: {inner})")
+        _discard(run_dir)
+        if isinstance(exc, ConfigError):  # the job script could not be made (before sbatch ran)
+            print(exc.render(), file=sys.stderr)
+            print("Nothing was submitted.", file=sys.stderr)
+            return EXIT_CONFIG
         _warn(f"Submission failed: {exc}")
         return EXIT_SUBMIT_FAILED
     finally:
