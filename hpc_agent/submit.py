@@ -13,7 +13,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from hpc_agent.cli import exit_status
 from hpc_agent.cli.flags import add_common_arguments, configure, passthrough
@@ -78,11 +78,13 @@ def choose_executor(requested: str, sbatch_available: bool) -> tuple[str, Option
     return "local", "executor: local (no sbatch on PATH; the job runs as a process on this machine)"
 
 
-def new_run_dir(runs_root: Path, name: str, now: _dt.datetime) -> tuple[str, Path]:
-    """A fresh ``<runs_root>/<name>-<timestamp>`` (suffixed if two submits share a second)."""
+def new_run_dir(runs_root: Path, name: str, now: _dt.datetime,
+                known: Callable[[str], bool] = lambda run_id: False) -> tuple[str, Path]:
+    """A fresh ``<runs_root>/<name>-<timestamp>`` (suffixed if two submits share a second), whose id is not
+    ``known`` to the ledger either (a refused submit keeps its ledger row but not its run dir)."""
     base = make_run_id(name, now)
     run_id, n = base, 1
-    while (runs_root / run_id).exists():
+    while (runs_root / run_id).exists() or known(run_id):
         n += 1
         run_id = f"{base}-{n}"
     return run_id, runs_root / run_id
@@ -121,6 +123,21 @@ def _warn(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
     except Exception:  # noqa: BLE001 - stderr gone too: the ledger still holds what the user needs
         pass
+
+
+def _ledger_knows(runs_root: Path) -> Callable[[str], bool]:
+    """Whether the runs root's ledger (if there is one yet) has a row for a run id."""
+    from hpc_agent.state.ledger import LEDGER_FILE, Ledger
+
+    def known(run_id: str) -> bool:
+        if not (runs_root / LEDGER_FILE).is_file():
+            return False
+        ledger = Ledger.in_runs_root(runs_root)
+        try:
+            return ledger.run(run_id) is not None
+        finally:
+            ledger.close()
+    return known
 
 
 def _discard(run_dir: Path) -> None:
@@ -205,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("Nothing was submitted.", file=sys.stderr)
         return EXIT_WONT_FIT
     runs_root = Path(cfg.run.runs_root).expanduser().resolve()
-    run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now())
+    run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now(), _ledger_knows(runs_root))
     config_path = rundir.config_path(run_dir)
 
     try:  # a value the job script cannot carry is a config error (exit 2) before anything is created

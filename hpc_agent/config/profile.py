@@ -148,8 +148,10 @@ class Profile:
     activate: List[str] = field(default_factory=list)
     """Environment activation lines (e.g. ``module load cuda/12.4``, ``source /shared/venv/bin/activate``),
     added to the job script's setup after the template's lines, before the training step. They are your own
-    shell and run AS WRITTEN (not quoted, no placeholders); one line each, no control characters. They run in
-    the batch shell on the host, outside any container. ``doctor --profile`` parses them with ``bash -n``."""
+    shell and run AS WRITTEN (not quoted, no placeholders); one line each that closes on itself: no control
+    characters, no here-document (any ``<<`` but a ``<<<`` here-string), no unclosed quote or substitution, and
+    each must pass ``bash -n`` alone (checked at submit, with the whole job script). They run in the batch
+    shell on the host, outside any container (docs/profiles.md)."""
 
     quirks: Dict[str, bool] = field(default_factory=_all_quirks)
     """What this cluster's Slurm can do, each true on a current Slurm: ``gpus_per_node_option`` (sbatch has

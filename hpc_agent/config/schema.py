@@ -130,7 +130,9 @@ class SlurmConfig:
 
     extra_sbatch: Dict[str, Optional[str]] = field(default_factory=dict)
     """Further sbatch options as ``{option: value}``, e.g. ``{mail-type: END}``. An empty value makes a
-    bare flag (``--option``), as does null."""
+    bare flag (``--option``), as does null. The options hpc_agent sets or depends on (``output``, ``signal``,
+    ``open-mode``, ``array``, ``requeue``, ``job-name``, ``comment``, ``partition``, ``time``... and any
+    abbreviation of them) are refused, naming the setting to use instead (docs/config.md lists them)."""
 
     env_in_metadata: List[str] = field(default_factory=list)
     """Keys that may take a value from the environment (``${oc.env:NAME}``) although it reaches Slurm's
@@ -155,8 +157,10 @@ class SlurmConfig:
                 f"or set slurm.gpus_per_node={self.tasks_per_node}, or slurm.allow_gpu_task_mismatch=true if your "
                 "command starts one process per GPU itself"))
         if self.python is not None and (not str(self.python).startswith("/") or path_problem(str(self.python), sbatch=False)):
+            why = path_problem(str(self.python), sbatch=False)
             problems.append(Problem("slurm.python", self.python, "an absolute path to a Python interpreter as the "
-                                    "compute nodes see it, e.g. /shared/venvs/train/bin/python (or null: this one)"))
+                                    "compute nodes see it, e.g. /shared/venvs/train/bin/python (or null: this one)"
+                                    + (f"; {why}" if why else "")))
         for name in ("partition", "account", "qos", "constraint", "exclude", "mem", "time", "template"):
             check_shell_safe(f"slurm.{name}", getattr(self, name), problems)
         if self.mem is not None and not MEM_RE.match(str(self.mem)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
@@ -189,7 +190,13 @@ def local_parameters(cfg: Config) -> Dict[str, Any]:
 
 def job_python(cfg: Config, run_id: str, run_dir: Path, config_path: Path) -> str:
     """The ``python`` string submitit puts, unquoted, before ``-u -m submitit.core._submit FOLDER``:
-    ``slurm.python`` (else ``sys.executable``), or the container's command; each word quoted once."""
+    ``slurm.python`` (else ``sys.executable``), or the container's command; each word quoted once. Every
+    config value here passed its field's check; ``sys.executable`` (from the environment: the venv's path) is
+    checked the same way, so no value reaches the srun line with a control character."""
+    own = not cfg.slurm.python and not containers.in_container(cfg)
+    if own and (why := path_problem(sys.executable, sbatch=False)):
+        raise ConfigError([Problem("slurm.python", sys.executable, f"set slurm.python: the interpreter running "
+                                   f"submit is no path the job script can carry ({why})")])
     return containers.job_python(cfg, template_values(run_id, run_dir, config_path))
 
 
