@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 from hpc_agent.config.adaptive import AdaptiveConfig, adaptive_problems
 from hpc_agent.config.checks import MEM_RE, NAME_RE, TIME_RE, check_choice, check_positive, check_shell_safe, raise_if
-from hpc_agent.config.fields import path_problem
+from hpc_agent.config.fields import owned_option_problem, path_problem
 from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsConfig, ModelConfig
 from hpc_agent.config.notify import NotifyConfig, mail_problems
 from hpc_agent.config.placement import PlacementConfig
@@ -172,6 +172,8 @@ class SlurmConfig:
         for key, value in (self.extra_sbatch or {}).items():
             if not re.match(r"^[a-z][a-z0-9-]*$", str(key)):
                 problems.append(Problem(f"slurm.extra_sbatch.{key}", value, "an sbatch long option name such as mail-type"))
+            elif why := owned_option_problem(str(key)):  # a bare flag (null) too: check_shell_safe skips None
+                problems.append(Problem(f"slurm.extra_sbatch.{key}", value, why))
             check_shell_safe(f"slurm.extra_sbatch.{key}", value, problems)
         return problems
 

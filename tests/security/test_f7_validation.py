@@ -226,15 +226,16 @@ def test_every_int_field_has_a_bound():
 
 # --- extra_sbatch overriding what hpc_agent owns ---------------------------------------------------------
 
-ATTACKS = {"output": "/tmp/elsewhere.log", "signal": "KILL@1", "open-mode": "truncate", "array": "0-3",
+ATTACKS = {"output": "'/tmp/elsewhere.log'", "signal": "KILL@1", "open-mode": "truncate", "array": "0-3",
            "outp": "/tmp/elsewhere.log", "sig": "KILL@1", "open": "truncate", "arr": "0-3",
-           "requeue": "", "job-name": "innocent", "comment": "hpc_agent run_id=other", "parsable": "",
-           "wrap": "true", "chdir": "/tmp", "error": "/tmp/e.log", "no-requeue": ""}
+           "requeue": "''", "job-name": "innocent", "comment": "'hpc_agent run_id=other'", "parsable": "null",
+           "wrap": "'true'", "chdir": "/tmp", "error": "/tmp/e.log", "no-requeue": "null", "wait": "null",
+           "test-only": "''", "partition": "other", "exclude": "''", "time": "'99:00:00'"}
 
 
 @pytest.mark.parametrize("option", sorted(ATTACKS))
 def test_extra_sbatch_cannot_set_an_option_hpc_agent_owns(sandbox, option):
-    config = write_config(sandbox, f"slurm:\n  extra_sbatch:\n    {option}: '{ATTACKS[option]}'\n")
+    config = write_config(sandbox, f"slurm:\n  extra_sbatch:\n    {option}: {ATTACKS[option]}\n")
     res = submit(sandbox, config)
     owned = next(name for name in OWNED_OPTIONS if name.startswith(option))
     setting = OWNED_OPTIONS[owned].split(" (")[0]
