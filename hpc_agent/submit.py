@@ -13,7 +13,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from hpc_agent.cli import exit_status
 from hpc_agent.cli.flags import add_common_arguments, configure, passthrough
@@ -78,11 +78,13 @@ def choose_executor(requested: str, sbatch_available: bool) -> tuple[str, Option
     return "local", "executor: local (no sbatch on PATH; the job runs as a process on this machine)"
 
 
-def new_run_dir(runs_root: Path, name: str, now: _dt.datetime) -> tuple[str, Path]:
-    """A fresh ``<runs_root>/<name>-<timestamp>`` (suffixed if two submits share a second)."""
+def new_run_dir(runs_root: Path, name: str, now: _dt.datetime,
+                known: Callable[[str], bool] = lambda run_id: False) -> tuple[str, Path]:
+    """A fresh ``<runs_root>/<name>-<timestamp>`` (suffixed if two submits share a second), whose id is not
+    ``known`` to the ledger either (a refused submit keeps its ledger row but not its run dir)."""
     base = make_run_id(name, now)
     run_id, n = base, 1
-    while (runs_root / run_id).exists():
+    while (runs_root / run_id).exists() or known(run_id):
         n += 1
         run_id = f"{base}-{n}"
     return run_id, runs_root / run_id
@@ -121,6 +123,33 @@ def _warn(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
     except Exception:  # noqa: BLE001 - stderr gone too: the ledger still holds what the user needs
         pass
+
+
+def _ledger_knows(runs_root: Path) -> Callable[[str], bool]:
+    """Whether the runs root's ledger (if there is one yet) has a row for a run id."""
+    from hpc_agent.state.ledger import LEDGER_FILE, Ledger
+
+    def known(run_id: str) -> bool:
+        if not (runs_root / LEDGER_FILE).is_file():
+            return False
+        ledger = Ledger.in_runs_root(runs_root)
+        try:
+            return ledger.run(run_id) is not None
+        finally:
+            ledger.close()
+    return known
+
+
+def _discard(run_dir: Path) -> None:
+    """Remove a run dir this submit made and could not finish (links inside are removed, never followed)."""
+    import shutil
+
+    try:
+        shutil.rmtree(run_dir)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        _warn(f"(could not remove the unfinished run dir {run_dir}: {exc})")
 
 
 def _audit_submit(ledger, run_id: str, job_id: str, kind: str) -> None:
@@ -193,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("Nothing was submitted.", file=sys.stderr)
         return EXIT_WONT_FIT
     runs_root = Path(cfg.run.runs_root).expanduser().resolve()
-    run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now())
+    run_id, run_dir = new_run_dir(runs_root, cfg.run.name, _dt.datetime.now(), _ledger_knows(runs_root))
     config_path = rundir.config_path(run_dir)
 
     try:  # a value the job script cannot carry is a config error (exit 2) before anything is created
@@ -237,23 +266,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hpc_agent.core.filemodes import make_dir  # 0700 (0750 with run.group_readable), whatever the umask
 
-    make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
-    make_dir(rundir.tb_dir(run_dir))
-    make_dir(rundir.checkpoints_dir(run_dir))
-    write_run_config(run_dir, cfg)
-    if kind == "slurm":  # a project's own template goes with the run, for the watcher's resubmissions
-        from hpc_agent.jobs.containers import template_name
+    # From here until sbatch accepts the job, any failure removes the run dir again (_discard): a failed
+    # submit leaves no half-made run behind. The ledger keeps only a refusal by sbatch (the run stopped, with
+    # sbatch's error), the one failure that reached it.
+    try:
+        make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
+    except OSError as exc:  # e.g. a runs root we may not write: nothing was made
+        _warn(f"Creating the run directory {run_dir} failed: {exc}\nNothing was submitted.")
+        return exit_status.FAILED
+    try:
+        make_dir(rundir.tb_dir(run_dir))
+        make_dir(rundir.checkpoints_dir(run_dir))
+        write_run_config(run_dir, cfg)
+        if kind == "slurm":  # a project's own template goes with the run, for the watcher's resubmissions
+            from hpc_agent.jobs.containers import template_name
 
-        paths.keep_project_template(template_name(cfg), source, run_dir)
-    if snapshot is not None:  # first submission only: the watcher's resubmissions reuse this copy
-        try:
+            paths.keep_project_template(template_name(cfg), source, run_dir)
+        if snapshot is not None:  # first submission only: the watcher's resubmissions reuse this copy
             log.info(code_snapshot.describe(code_snapshot.take(snapshot, run_dir)))
-        except (OSError, ConfigError) as exc:
-            _warn(f"Copying your code into {rundir.code_dir(run_dir)} failed: {exc}\nNothing was submitted.")
-            return EXIT_CONFIG if isinstance(exc, ConfigError) else exit_status.FAILED
-    ledger = Ledger.in_runs_root(runs_root)
-    ledger.add_run(run_id, cfg.run.name, str(run_dir))
+        ledger = Ledger.in_runs_root(runs_root)
+    except Exception as exc:  # noqa: BLE001 - nothing reached Slurm or the ledger: undo, say why, no traceback
+        _discard(run_dir)
+        if isinstance(exc, ConfigError):
+            print(exc.render(), file=sys.stderr)
+            print("Nothing was submitted.", file=sys.stderr)
+            return EXIT_CONFIG
+        _warn(f"Preparing the run directory {run_dir} failed ({type(exc).__name__}: {exc})\nNothing was submitted.")
+        return exit_status.FAILED
     watch_cmd = f"python -m hpc_agent.watch --runs-root {runs_root}"
+    try:
+        ledger.add_run(run_id, cfg.run.name, str(run_dir))
+    except Exception as exc:  # noqa: BLE001 - no row, so nothing follows the run: undo it
+        ledger.close()
+        _discard(run_dir)
+        _warn(f"Recording the run in the ledger failed ({type(exc).__name__}: {exc})\nNothing was submitted.")
+        return exit_status.FAILED
     try:
         job = submit_attempt(ledger, run_id, run_dir, cfg, config_path, kind, reason="submit")
         _audit_submit(ledger, run_id, job.job_id, kind)
@@ -268,11 +315,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SbatchTimedOut as exc:  # the job may be queued: leave the run submitting; the watcher settles it
         _warn(f"warning: {exc}\n`{watch_cmd}` finds the job under the name {job_name_for(run_id)} if Slurm has it.")
         return EXIT_SUBMIT_FAILED
-    except Exception as exc:  # sbatch refused (no job id): say why, keep the run dir and the ledger row
+    except Exception as exc:  # sbatch refused (no job id): say why, mark the run stopped, remove its dir
         try:
             ledger.advance(run_id, Event(EventKind.SUBMIT_FAILED))
         except Exception as inner:  # noqa: BLE001 - the ledger itself failed; the refusal is still the news
             _warn(f"(could not mark the run stopped in the ledger: {inner})")
+        _discard(run_dir)
+        if isinstance(exc, ConfigError):  # the job script could not be made (before sbatch ran)
+            print(exc.render(), file=sys.stderr)
+            print("Nothing was submitted.", file=sys.stderr)
+            return EXIT_CONFIG
         _warn(f"Submission failed: {exc}")
         return EXIT_SUBMIT_FAILED
     finally:

@@ -10,11 +10,10 @@ Each result is ``(level, name, detail)`` with the fix named. Login-node code: no
 """
 from __future__ import annotations
 
-import re
-import subprocess
 from typing import Any, List, Optional, Sequence, Tuple
 
 from hpc_agent.config.profile import QUIRK_SINCE, QUIRKS, gpu_request
+from hpc_agent.core.shell_syntax import bash_syntax_problem
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.sinfo import parse_version, select, version_argv
 
@@ -121,20 +120,15 @@ def check_quirks(cli: SlurmCLI, cfg: Any) -> Result:
 
 
 def check_activation(lines: Sequence[str], timeout_s: float = 10.0) -> Result:
-    """``bash -n`` parses the lines without running them; a syntax error names the line."""
+    """``bash -n`` parses the lines without running them, each alone (as submit does) and all together."""
     if not lines:
         return "OK", "activation", "no activation lines"
-    try:
-        res = subprocess.run(["bash", "-n"], input="\n".join(lines) + "\n", capture_output=True, text=True,
-                             timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return "WARN", "activation", f"not checked: bash -n failed to run ({exc})"
-    if res.returncode == 0:
-        return "OK", "activation", f"{len(lines)} line(s) parse (bash -n); they run as written in the batch shell"
-    said = " / ".join(l.strip() for l in res.stderr.splitlines() if l.strip())[:300]
-    number = re.search(r"line (\d+)", res.stderr)
-    which = f" profile.activate[{int(number.group(1)) - 1}]" if number and int(number.group(1)) <= len(lines) else ""
-    return "FAIL", "activation", f"bash -n rejects the activation lines{which}: {said}; fix the shell syntax"
+    for i, line in enumerate(lines):
+        if why := bash_syntax_problem(f"{line}\n", timeout_s):
+            return "FAIL", "activation", f"bash -n rejects profile.activate[{i}]: {why}; fix the shell syntax"
+    if why := bash_syntax_problem("\n".join(lines) + "\n", timeout_s):
+        return "FAIL", "activation", f"bash -n rejects the activation lines: {why}; fix the shell syntax"
+    return "OK", "activation", f"{len(lines)} line(s) parse (bash -n); they run as written in the batch shell"
 
 
 def check_profile(cli: SlurmCLI, cfg: Any, parts: Optional[Sequence[Any]]) -> List[Result]:

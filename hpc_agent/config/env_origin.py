@@ -135,7 +135,7 @@ def is_metadata(path: str) -> bool:
 
 
 def allowed_key(entry: str) -> str:
-    """``account`` and ``extra_sbatch.comment`` are short for the ``slurm.`` keys; others are full keys."""
+    """``account`` and ``extra_sbatch.reservation`` are short for the ``slurm.`` keys; others are full keys."""
     entry = str(entry)
     return entry if entry.startswith(("slurm.", "run.", "notify.")) else f"slurm.{entry}"
 
@@ -149,7 +149,7 @@ def metadata_problems(origins: Mapping[str, List[str]], allowed: Sequence[str],
         key = allowed_key(entry)
         if not (is_known(key) and is_metadata(key)):
             problems.append(Problem("slurm.env_in_metadata", entry, "keys that reach Slurm's metadata, such as "
-                                    "account, extra_sbatch.comment or run.runs_root"))
+                                    "account, extra_sbatch.reservation or run.runs_root"))
         allow.add(key)
     for path, names in sorted(origins.items()):
         if is_metadata(path) and path not in allow:

@@ -17,10 +17,13 @@ backslash and ``%``. Every value is bounded, so a huge one is a config error her
 """
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from hpc_agent.config.problems import Problem
 
 PATH_MAX = 4096  # bytes, Linux PATH_MAX (with the NUL)
 NAME_MAX = 255  # bytes of one path component
@@ -114,12 +117,55 @@ FIELD_RULES: Dict[str, Rule] = {
 }
 # extra_sbatch options with a known syntax; every other option gets PLAIN.
 OPTION_RULES: Dict[str, Rule] = {
-    "partition": NAMES, "account": NAME, "qos": NAME, "reservation": NAME, "wckey": NAME, "clusters": NAMES,
-    "constraint": CONSTRAINT, "cluster-constraint": CONSTRAINT, "prefer": CONSTRAINT,
-    "nodelist": HOSTLIST, "exclude": HOSTLIST, "mem": MEM, "mem-per-cpu": MEM, "mem-per-gpu": MEM, "tmp": MEM,
-    "time": TIME, "time-min": TIME, "mail-type": MAIL_TYPE, "mail-user": MAIL_USER, "dependency": DEPENDENCY,
+    "reservation": NAME, "wckey": NAME, "clusters": NAMES,
+    "cluster-constraint": CONSTRAINT, "prefer": CONSTRAINT,
+    "nodelist": HOSTLIST, "mem-per-cpu": MEM, "mem-per-gpu": MEM, "tmp": MEM,
+    "time-min": TIME, "mail-type": MAIL_TYPE, "mail-user": MAIL_USER, "dependency": DEPENDENCY,
 }
 EXTRA_PREFIX = "slurm.extra_sbatch."
+
+_LOG = "set run.runs_root (the log is <run dir>/slurm/%j_0_log.out, which the watcher, diagnose and review read)"
+_GPUS = "set slurm.gpus_per_node, written as profile.gpu_request says"
+OWNED_OPTIONS: Dict[str, str] = {
+    "output": _LOG, "error": _LOG,
+    "open-mode": "there is no setting: it is always append, so a requeued attempt never truncates the log before it",
+    "signal": "set slurm.signal_lead_s (USR2 that many seconds before the limit is how the job checkpoints in time)",
+    "requeue": "set slurm.requeue", "no-requeue": "set slurm.requeue",
+    "array": ("there is no setting: a run is one job (its log paths and requeue name the job id); sweeps make "
+              "arrays themselves"),
+    "job-name": "set run.name (the job name carries the run id, by which the watcher finds the job)",
+    "comment": "set run.name (the comment carries the run id, by which the watcher finds the job)",
+    "parsable": "there is no setting: submit reads the job id from sbatch itself",
+    "wrap": "there is no setting: hpc_agent writes the job script",
+    "chdir": "set container.workdir in a container; otherwise submit from the directory the job should run in",
+    "workdir": "set container.workdir in a container; otherwise submit from the directory the job should run in",
+    "wait": "use submit --wait (sbatch itself must return the job id at once)",
+    "test-only": "use submit --place auto (it runs sbatch --test-only itself)",
+    "nodes": "set slurm.nodes (the ranks, their log files and the memory check follow from it)",
+    "ntasks": "set slurm.nodes and slurm.tasks_per_node (one rank per task)",
+    "ntasks-per-node": "set slurm.tasks_per_node (one rank per task)",
+    "cpus-per-task": "set slurm.cpus_per_task",
+    "gpus-per-node": _GPUS, "gpus": _GPUS, "gres": _GPUS,
+    "partition": "set slurm.partition (placement and the memory check read it)",
+    "account": "set slurm.account", "qos": "set slurm.qos", "constraint": "set slurm.constraint",
+    "exclude": "set slurm.exclude (the watcher adds failed nodes to it)",
+    "mem": "set slurm.mem (the memory repair raises it)",
+    "time": "set slurm.time (the job's time limit and the signal lead are computed from it)",
+}
+"""The sbatch options hpc_agent sets itself or depends on: ``option -> the setting to use instead``. An
+``extra_sbatch`` key that is one of them, or that sbatch would read as one (getopt_long takes any unambiguous
+abbreviation: ``outp`` is ``--output``), is refused (docs/config.md lists them)."""
+
+
+def owned_option_problem(option: str) -> Optional[str]:
+    """None when ``slurm.extra_sbatch.<option>`` may be set, else the expected-text naming the setting to use."""
+    owned = [name for name in OWNED_OPTIONS if name.startswith(option)]
+    if not owned:
+        return None
+    name = option if option in OWNED_OPTIONS else owned[0]
+    alias = "" if name == option else f" (sbatch reads --{option} as an abbreviation of --{name})"
+    return (f"an sbatch option hpc_agent does not set itself: --{name}{alias} is hpc_agent's, remove it from "
+            f"slurm.extra_sbatch; {OWNED_OPTIONS[name]}")
 
 
 def char_name(ch: str) -> str:
@@ -134,7 +180,8 @@ def field_problem(key: str, value: str) -> Optional[str]:
         return path_problem(value, sbatch=True, reserve=RUN_DIR_RESERVE)
     if key.startswith(EXTRA_PREFIX):
         option = key[len(EXTRA_PREFIX):]
-        return OPTION_KEY.problem(option) or OPTION_RULES.get(option, PLAIN).problem(value)
+        return (OPTION_KEY.problem(option) or owned_option_problem(option)
+                or OPTION_RULES.get(option, PLAIN).problem(value))
     return FIELD_RULES.get(key, PLAIN).problem(value)
 
 
@@ -159,3 +206,65 @@ def path_problem(value: str, *, sbatch: bool, reserve: int = 0) -> Optional[str]
     if len(longest.encode("utf-8")) > NAME_MAX:
         return f"{fix} whose every component is at most {NAME_MAX} bytes ({longest[:20]!r}... is longer)"
     return None
+
+
+# Every value of every section, whatever its field: one walk (:func:`value_problems`, run by the loader on the
+# merged config) instead of a check per field that the next new field forgets.
+INT_LIMIT = 2 ** 53
+"""No integer in a config is larger: beyond 2**53 JSON readers, SQLite's REAL and TensorBoard's floats round it,
+and no count, size or step here needs more. A string of digits is coerced to an integer by the loader, so this
+is also what stops ``max_steps: "123...29 digits"``."""
+INT_RANGES: Dict[str, Tuple[int, int, str]] = {
+    "train.seed": (0, 2 ** 32 - 1, "NumPy and scikit-learn take seeds from 0 to 2**32-1"),
+    "slurm.signal_lead_s": (1, 65535, "sbatch --signal=USR2@N takes N up to 65535 s"),
+    "slurm.nodes": (1, 2 ** 31 - 1, "Slurm counts nodes in 32 bits"),
+    "slurm.tasks_per_node": (1, 2 ** 31 - 1, "Slurm counts tasks in 32 bits"),
+    "slurm.cpus_per_task": (1, 2 ** 31 - 1, "Slurm counts CPUs in 32 bits"),
+    "slurm.gpus_per_node": (0, 2 ** 31 - 1, "Slurm counts GPUs in 32 bits"),
+}
+"""Integer fields with a narrower range than :data:`INT_LIMIT`: ``key -> (lowest, highest, why)``."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _walk(node: Any, path: str) -> Iterator[Tuple[str, Any]]:
+    """``(key path, value)`` of every leaf, keys included (as ``<path> (key)``), lists as ``path[i]``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield f"{path} (key)", key
+            yield from _walk(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from _walk(item, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def value_problem(key: str, value: Any) -> Optional[str]:
+    """The expected-text for one leaf of any field, or None: text without lone surrogates, finite floats,
+    integers in range. Pure; the field's own checks (sections' ``problems``) come on top."""
+    if isinstance(value, str):
+        bad = _SURROGATE.search(value)
+        if bad:
+            return (f"text without a lone surrogate (the escape \\u{ord(bad.group()):04x} at position {bad.start()} "
+                    "is half of a UTF-16 pair, no character, and cannot be written as UTF-8): write the character "
+                    "itself, or its \\U0001XXXX escape")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return "a finite number (nan and inf are no setting: write a number such as 3e-4)"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        lo, hi, why = INT_RANGES.get(key, (-INT_LIMIT, INT_LIMIT, "larger integers lose precision in JSON, "
+                                            "the ledger and TensorBoard, and no setting needs them"))
+        if not lo <= value <= hi:
+            return f"an integer from {lo} to {hi} ({why})"
+    return None
+
+
+def value_problems(data: Any, section: str) -> List[Problem]:
+    """Every leaf of ``data`` (a section as plain values) checked by :func:`value_problem`."""
+    problems: List[Problem] = []
+    for key, value in _walk(data, section):
+        if why := value_problem(key, value):
+            big = isinstance(value, int) and value.bit_length() > 256  # str() of a huge int can itself raise
+            shown = f"an integer of {value.bit_length()} bits" if big else value
+            problems.append(Problem(key, shown, why))
+    return problems

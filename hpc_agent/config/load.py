@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpc_agent.config.env_origin import ORIGIN_KEY, carried_origins, escape_literals, metadata_problems, scan_layer
+from hpc_agent.config.fields import value_problems
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.config.schema import SECTIONS, Config
 from hpc_agent.config.yaml_safe import load_mapping, parse_text
@@ -198,6 +199,7 @@ def build_config(layers: Sequence[Mapping[str, Any]], problems: Optional[List[Pr
             problems.extend(exc.problems)
         except OmegaConfBaseException as exc:
             problems.append(Problem(name, "<section>", f"resolvable values ({exc})"))
+    problems.extend(_value_problems(cfg, problems))
     # Cross-section checks read attributes only, so they run on the merged DictConfig even when a
     # section failed its own checks: the user still sees every problem in one go.
     problems.extend(Config.problems(cfg))  # type: ignore[arg-type]
@@ -205,6 +207,21 @@ def build_config(layers: Sequence[Mapping[str, Any]], problems: Optional[List[Pr
     if not problems:
         return Config(**sections, env_origin={**carried, **fresh})
     raise ConfigError(_capped(problems))
+
+
+def _value_problems(cfg: DictConfig, found: List[Problem]) -> List[Problem]:
+    """The one check every leaf of every section gets (``fields.value_problem``: lone surrogates, non-finite
+    floats, integers out of range), on the resolved values (so ``${oc.env:..}`` and coerced strings too), for
+    keys no section check has already refused."""
+    taken = {p.key for p in found}
+    out: List[Problem] = []
+    for name in SECTIONS:
+        try:
+            data = OmegaConf.to_container(cfg[name], resolve=True)
+        except OmegaConfBaseException:  # an unresolvable value: already a problem of its section
+            continue
+        out += [p for p in value_problems(data, name) if p.key not in taken]
+    return out
 
 
 def _capped(problems: List[Problem], limit: int = 50) -> List[Problem]:

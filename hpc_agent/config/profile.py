@@ -65,12 +65,61 @@ def activate_problem(line: Any) -> Optional[str]:
         return "a line that does not end in a backslash (it would join the job script's next line)"
     if text.lstrip().upper().startswith("#SBATCH"):
         return "a shell line: sbatch ignores #SBATCH after the first command; put the option in slurm.extra_sbatch"
-    if re.search(r"<<-?\s*['\"]?\w", text.replace("<<<", "")):
-        return "a line without a here-document (<<WORD would read the job script's next lines as its text)"
+    if "<<" in text.replace("<<<", ""):
+        return ("a line without a here-document: '<<' starts one in every form (<<EOF, <<'EOF', <<\\EOF, <<., <<@) "
+                "and it would read the job script's next lines, srun's included, as its text; a here-string "
+                "(<<< word) is fine, or put the text in a file")
+    if why := unclosed(text):
+        return (f"a line whose quotes and substitutions close on it ({why}): unclosed, it would take the job "
+                "script's next lines, srun's included, as part of it and the job would end without training")
     if placeholder := _PLACEHOLDER.search(text):
         return (f"a line without {placeholder.group(0)}: activation lines run as written, nothing is filled in; "
                 "use the environment ($HPC_AGENT_RUN_DIR, $HPC_AGENT_RUN_ID, $HPC_AGENT_CONFIG)")
     return None
+
+
+_OPENERS = {"'": "'", '"': '"', "`": "`", "$'": "'", "$(": ")", "${": "}", "(": ")"}
+
+
+def unclosed(text: str) -> Optional[str]:
+    """The first quote or substitution ``text`` opens and never closes, in words, or None (pure; bash -n at
+    submit is the authority, this names the usual mistakes early). Reads ' " ` $'..' $( ${ and ( as bash
+    does, a backslash escape outside single quotes, and a ``#`` comment where a word starts."""
+    stack: List[Tuple[str, int]] = []
+    i = 0
+    while i < len(text):
+        top = stack[-1][0] if stack else ""
+        two, ch = text[i:i + 2], text[i]
+        if top == "'":  # nothing is special inside single quotes but the closing one
+            if ch == "'":
+                stack.pop()
+        elif ch == "\\":
+            i += 1  # the next character is escaped (inside $'..' and "..", and unquoted)
+        elif top == "$'":
+            if ch == "'":
+                stack.pop()
+        elif top == '"' and ch == '"':
+            stack.pop()
+        elif two in ("$(", "${") or (top != '"' and two == "$'"):
+            stack.append((two, i))
+            i += 1
+        elif ch == "`":
+            stack.pop() if top == "`" else stack.append(("`", i))
+        elif top == '"':
+            pass  # only $( ${ ` and the closing quote matter inside double quotes
+        elif ch in "'\"":
+            stack.append((ch, i))
+        elif ch == "(":
+            stack.append(("(", i))
+        elif ch in ")}" and top in _OPENERS and _OPENERS[top] == ch and top not in ("'", '"', "`", "$'"):
+            stack.pop()
+        elif ch == "#" and (i == 0 or text[i - 1] in " \t;&|()") and top in ("", "$(", "("):
+            break  # a comment: the rest of the line is not read
+        i += 1
+    if not stack:
+        return None
+    opener, at = stack[0]
+    return f"{opener} at position {at} is never closed by {_OPENERS[opener]}"
 
 
 @dataclass
@@ -99,8 +148,10 @@ class Profile:
     activate: List[str] = field(default_factory=list)
     """Environment activation lines (e.g. ``module load cuda/12.4``, ``source /shared/venv/bin/activate``),
     added to the job script's setup after the template's lines, before the training step. They are your own
-    shell and run AS WRITTEN (not quoted, no placeholders); one line each, no control characters. They run in
-    the batch shell on the host, outside any container. ``doctor --profile`` parses them with ``bash -n``."""
+    shell and run AS WRITTEN (not quoted, no placeholders); one line each that closes on itself: no control
+    characters, no here-document (any ``<<`` but a ``<<<`` here-string), no unclosed quote or substitution, and
+    each must pass ``bash -n`` alone (checked at submit, with the whole job script). They run in the batch
+    shell on the host, outside any container (docs/profiles.md)."""
 
     quirks: Dict[str, bool] = field(default_factory=_all_quirks)
     """What this cluster's Slurm can do, each true on a current Slurm: ``gpus_per_node_option`` (sbatch has

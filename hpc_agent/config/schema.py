@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 from hpc_agent.config.adaptive import AdaptiveConfig, adaptive_problems
 from hpc_agent.config.checks import MEM_RE, NAME_RE, TIME_RE, check_choice, check_positive, check_shell_safe, raise_if
-from hpc_agent.config.fields import path_problem
+from hpc_agent.config.fields import owned_option_problem, path_problem
 from hpc_agent.config.job_sections import IMBALANCE_METHODS, DataConfig, FaultsConfig, ModelConfig
 from hpc_agent.config.notify import NotifyConfig, mail_problems
 from hpc_agent.config.placement import PlacementConfig
@@ -130,13 +130,15 @@ class SlurmConfig:
 
     extra_sbatch: Dict[str, Optional[str]] = field(default_factory=dict)
     """Further sbatch options as ``{option: value}``, e.g. ``{mail-type: END}``. An empty value makes a
-    bare flag (``--option``), as does null."""
+    bare flag (``--option``), as does null. The options hpc_agent sets or depends on (``output``, ``signal``,
+    ``open-mode``, ``array``, ``requeue``, ``job-name``, ``comment``, ``partition``, ``time``... and any
+    abbreviation of them) are refused, naming the setting to use instead (docs/config.md lists them)."""
 
     env_in_metadata: List[str] = field(default_factory=list)
     """Keys that may take a value from the environment (``${oc.env:NAME}``) although it reaches Slurm's
     metadata, e.g. ``[account]``. Without this, such a value is refused: ``#SBATCH`` options, the job name
     and the log paths (from ``run.runs_root``) are readable by every user of the cluster (``squeue``,
-    ``sacct``). Names are ``slurm.`` keys (``account``, ``extra_sbatch.comment``) or ``run.name`` /
+    ``sacct``). Names are ``slurm.`` keys (``account``, ``extra_sbatch.reservation``) or ``run.name`` /
     ``run.runs_root``."""
 
     def problems(self) -> List[Problem]:
@@ -155,8 +157,10 @@ class SlurmConfig:
                 f"or set slurm.gpus_per_node={self.tasks_per_node}, or slurm.allow_gpu_task_mismatch=true if your "
                 "command starts one process per GPU itself"))
         if self.python is not None and (not str(self.python).startswith("/") or path_problem(str(self.python), sbatch=False)):
+            why = path_problem(str(self.python), sbatch=False)
             problems.append(Problem("slurm.python", self.python, "an absolute path to a Python interpreter as the "
-                                    "compute nodes see it, e.g. /shared/venvs/train/bin/python (or null: this one)"))
+                                    "compute nodes see it, e.g. /shared/venvs/train/bin/python (or null: this one)"
+                                    + (f"; {why}" if why else "")))
         for name in ("partition", "account", "qos", "constraint", "exclude", "mem", "time", "template"):
             check_shell_safe(f"slurm.{name}", getattr(self, name), problems)
         if self.mem is not None and not MEM_RE.match(str(self.mem)):
@@ -168,6 +172,8 @@ class SlurmConfig:
         for key, value in (self.extra_sbatch or {}).items():
             if not re.match(r"^[a-z][a-z0-9-]*$", str(key)):
                 problems.append(Problem(f"slurm.extra_sbatch.{key}", value, "an sbatch long option name such as mail-type"))
+            elif why := owned_option_problem(str(key)):  # a bare flag (null) too: check_shell_safe skips None
+                problems.append(Problem(f"slurm.extra_sbatch.{key}", value, why))
             check_shell_safe(f"slurm.extra_sbatch.{key}", value, problems)
         return problems
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
@@ -21,6 +22,7 @@ from hpc_agent.config.yaml_safe import load_mapping
 from hpc_agent.core import rundir
 from hpc_agent.core.handback import batch_setup_lines, batch_teardown_lines
 from hpc_agent.core.paths import code_root, find_template, template_dirs
+from hpc_agent.core.shell_syntax import bash_syntax_problem
 from hpc_agent.jobs import code_snapshot, containers
 from hpc_agent.slurm.job_match import comment_for, job_name_for
 from hpc_agent.slurm.timelimit import slurm_time_to_minutes
@@ -163,8 +165,14 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
 
 def activation_lines(cfg: Config) -> List[str]:
     """The profile's environment activation lines, as written (the config checked each is one line of shell
-    without control characters), under a comment naming the profile."""
+    without control characters, here-documents or unclosed quotes), under a comment naming the profile. Each
+    must also parse alone under ``bash -n``: a line that opens what the next line would have to close (``if``,
+    ``{``, a trailing ``&&``) would take the script's srun line into it. ConfigError names the line."""
     lines = [str(line) for line in cfg.profile.activate or []]
+    problems = [Problem(f"profile.activate[{i}]", line, f"one line of shell that bash parses on its own ({why})")
+                for i, line in enumerate(lines) if (why := bash_syntax_problem(line + "\n"))]
+    if problems:
+        raise ConfigError(problems)
     return [f"# activation lines of profile {cfg.profile.name or '(config)'}"] + lines if lines else []
 
 
@@ -182,7 +190,13 @@ def local_parameters(cfg: Config) -> Dict[str, Any]:
 
 def job_python(cfg: Config, run_id: str, run_dir: Path, config_path: Path) -> str:
     """The ``python`` string submitit puts, unquoted, before ``-u -m submitit.core._submit FOLDER``:
-    ``slurm.python`` (else ``sys.executable``), or the container's command; each word quoted once."""
+    ``slurm.python`` (else ``sys.executable``), or the container's command; each word quoted once. Every
+    config value here passed its field's check; ``sys.executable`` (from the environment: the venv's path) is
+    checked the same way, so no value reaches the srun line with a control character."""
+    own = not cfg.slurm.python and not containers.in_container(cfg)
+    if own and (why := path_problem(sys.executable, sbatch=False)):
+        raise ConfigError([Problem("slurm.python", sys.executable, f"set slurm.python: the interpreter running "
+                                   f"submit is no path the job script can carry ({why})")])
     return containers.job_python(cfg, template_values(run_id, run_dir, config_path))
 
 
@@ -214,7 +228,8 @@ def render_job_script(cfg: Config, run_id: str, run_dir: Path, config_path: Path
     """The full sbatch script that ``make_executor("slurm", ...)`` would submit, without creating anything.
 
     submitit renders the script itself; we call its renderer directly because building an executor
-    creates the job folder, and a dry run must leave no trace. ``near``: config files whose
+    creates the job folder, and a dry run must leave no trace. The script must pass ``bash -n`` (else a
+    ConfigError): submit renders it before anything is created. ``near``: config files whose
     ``sbatch_templates/`` folder is searched first (the user's config file, before submit copies it).
     """
     from submitit.slurm.slurm import _make_sbatch_string
@@ -224,4 +239,8 @@ def render_job_script(cfg: Config, run_id: str, run_dir: Path, config_path: Path
     params = slurm_parameters(cfg, run_id, run_dir, config_path,
                               load_template(containers.template_name(cfg), [*near, config_path]))
     command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
-    return _make_sbatch_string(command=command, folder=folder, **params)
+    script = _make_sbatch_string(command=command, folder=folder, **params)
+    if why := bash_syntax_problem(script):  # the floor: whatever slipped past the checks of each part
+        raise ConfigError([Problem("slurm.template / profile.activate", containers.template_name(cfg),
+                                   f"setup and activation lines that leave a job script bash can parse ({why})")])
+    return script

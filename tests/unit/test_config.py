@@ -160,7 +160,7 @@ SECRET = "tok-3f9a1c"
 
 
 @pytest.mark.parametrize("key", ["slurm.account", "slurm.partition", "slurm.qos", "slurm.constraint",
-                                 "slurm.exclude", "slurm.extra_sbatch.comment", "run.name", "run.runs_root"])
+                                 "slurm.exclude", "slurm.extra_sbatch.reservation", "run.name", "run.runs_root"])
 def test_environment_value_in_slurm_metadata_is_refused_naming_field_variable_and_fix(key, monkeypatch):
     monkeypatch.setenv("HPC_AGENT_TEST_SECRET", SECRET)
     with pytest.raises(ConfigError) as info:

@@ -299,9 +299,12 @@ def test_version_parser():
 
 def test_doctor_parses_activation_lines_with_bash():
     assert profile_fit.check_activation([])[0] == "OK"
-    assert profile_fit.check_activation(["module load x", "if true; then", "echo ok", "fi"])[0] == "OK"
+    assert profile_fit.check_activation(["module load x", "if true; then echo ok; fi"])[0] == "OK"
     level, _, detail = profile_fit.check_activation(["module load x", "if [ -f x ]; then echo"])
-    assert level == "FAIL" and "bash -n" in detail
+    assert level == "FAIL" and "bash -n" in detail and "profile.activate[1]" in detail
+    # each line must parse alone (as submit checks): an `if` split over lines would take srun's line into it
+    level, _, detail = profile_fit.check_activation(["if true; then", "echo ok", "fi"])
+    assert level == "FAIL" and "profile.activate[0]" in detail
     level, _, detail = profile_fit.check_activation(["echo 'unclosed"])
     assert level == "FAIL" and "profile.activate[0]" in detail
 
