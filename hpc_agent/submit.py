@@ -33,6 +33,7 @@ EXIT_CONFIG = exit_status.USAGE
 EXIT_SUBMIT_FAILED = exit_status.SLURM  # sbatch refused or timed out
 EXIT_JOB_FAILED = exit_status.FAILED  # --wait: the job did not complete
 EXIT_WONT_FIT = exit_status.WONT_FIT  # the memory estimate exceeds the GPU's memory (submit --force to override)
+EXIT_PAUSED = exit_status.PAUSED  # the runs root's kill switch is set (watch --pause): nothing was created
 log = logging.getLogger("hpc_agent.submit")  # not __name__: under python -m it is __main__, outside the tree
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Validate a training config and submit it as a Slurm job (or a local job).",
         epilog="Example: python -m hpc_agent.submit configs/quickstart.yaml train.lr=1e-3 slurm.partition=low\n"
                "Exit codes: 0 submitted, 1 the job failed (--wait), 2 invalid config, 3 sbatch refused or timed out, "
-               "6 the memory estimate does not fit the GPU (see --force); all commands: docs/cli.md.",
+               "5 the runs root is paused (watch --pause), 6 the memory estimate does not fit the GPU (see --force); "
+               "all commands: docs/cli.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="YAML config: a path, the name of a file in configs/ (e.g. quickstart), "
@@ -133,6 +135,35 @@ def _audit_submit(ledger, run_id: str, job_id: str, kind: str) -> None:
                       process="submit", result="submitted")
     except Exception as exc:  # noqa: BLE001 - the ledger failed after sbatch: say so, the job runs anyway
         _warn(f"warning: job {job_id} is submitted, but its audit record was not written ({exc})")
+
+
+def refused_paused(runs_root: Path, run_id: str) -> bool:
+    """True (said on stderr, and audited in the runs root's ledger when it has one) when the runs root's kill
+    switch is set: submit then creates nothing and runs no sbatch (exit 5, as a paused sweep)."""
+    from hpc_agent.state import killswitch
+    from hpc_agent.state.ledger import LEDGER_FILE
+
+    pause_file = killswitch.pause_path(runs_root)
+    if not killswitch.is_paused(pause_file):
+        return False
+    print(f"paused: {pause_file} exists (the kill switch, set by watch --pause): nothing was created or submitted. "
+          f"To submit: python -m hpc_agent.watch --resume --runs-root {runs_root}, then run this command again.",
+          file=sys.stderr)
+    if (runs_root / LEDGER_FILE).is_file():  # a refusal is audited where there is a ledger; none is created
+        from hpc_agent.state import audit
+        from hpc_agent.state.journal import Journal
+        from hpc_agent.state.ledger import Ledger
+
+        try:
+            ledger = Ledger.in_runs_root(runs_root)
+            try:
+                with ledger.transaction():
+                    audit.record_refused(Journal(ledger), run_id, "submit", "", pause_file, process="submit")
+            finally:
+                ledger.close()
+        except Exception as exc:  # noqa: BLE001 - the refusal stands; the audit is a record of it
+            _warn(f"(could not record the refusal in the ledger: {exc})")
+    return True
 
 
 def check_memory(cfg, kind: str) -> MemoryVerdict:
@@ -231,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hpc_agent.core.filemodes import make_dir  # 0700 (0750 with run.group_readable), whatever the umask
 
+    if refused_paused(runs_root, run_id):  # the kill switch: checked before anything is created
+        return EXIT_PAUSED
     make_dir(run_dir, group=cfg.run.group_readable, exist_ok=False)
     make_dir(rundir.tb_dir(run_dir))
     make_dir(rundir.checkpoints_dir(run_dir))

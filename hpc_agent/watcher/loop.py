@@ -62,7 +62,8 @@ class Watcher:
         self.dry_run, self.limits, self.lease = dry_run, limits or PolicyLimits(), lease
         self.pause_file = pause_file or killswitch.pause_path(self.runs_root)
         self.journal = Journal(ledger, lease)
-        self.ctx = effects.Context(ledger, slurm, submit, executor, self._say, clock, intent_grace_s)
+        self.ctx = effects.Context(ledger, slurm, submit, executor, self._say, clock, intent_grace_s,
+                                   pause_file=self.pause_file)
         self.carrier = effects.Carrier(self.ctx, self.journal, self._guarded, self._time)
         self._report = TickReport()
         self._said_wait: set = set()
