@@ -9,7 +9,6 @@ import argparse
 import datetime as _dt
 import logging
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from hpc_agent.cli.flags import add_common_arguments, configure, passthrough
 from hpc_agent.config.load import load_config, resolve_config_path, to_yaml, write_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.core import paths, rundir
+from hpc_agent.core.redact import redact_command
 from hpc_agent.jobs import code_snapshot, place
 from hpc_agent.jobs.executor import EXECUTORS, local_parameters, make_run_id, render_job_script
 from hpc_agent.policy.preflight import REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, render, sinfo_argv
@@ -242,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(to_yaml(cfg))
         if cfg.train.command:  # command mode: what every rank will run, and where (docs/your_script.md)
             where = cfg.container.workdir or os.getcwd()
-            print(f"# Command (once per rank, in {where}): {shlex.join(cfg.train.command)}")
+            shown = redact_command(cfg.train.command, cfg.env_origin.get("train.command", []), os.environ)
+            print(f"# Command (once per rank, in {where}): {shown}")
         if script is not None:
             print("# Job script (sbatch)")
             print(script)

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from hpc_agent.config.load import load_run_config
-from hpc_agent.config.notify import NotifyConfig, redact_url
+from hpc_agent.config.notify import NotifyConfig
+from hpc_agent.core.redact import redact_url
 from hpc_agent.watcher.notify_events import Notification, notifications_for, paused_notification, wants_budget
 
 OUTPUT_TAIL = 300   # characters of a failed command's stderr kept in the log and audit
