@@ -23,18 +23,21 @@ import urllib.parse
 from typing import Any, Iterable, List, Mapping, Sequence
 
 MASK = "***"
+MAX_CHARS = 64 * 1024  # of one text redacted; the rest is cut (said so): no message is that long, a hostile one may be
 # Names whose value is a secret, as a key (token=, "password":), an option (--api-key) or a variable (HF_TOKEN=).
-_SECRET_NAME = (r"[A-Za-z0-9_.-]*(?:token(?!s)|secret|passw(?:or)?d|pwd|api[_-]?key|apikey|access[_-]?key|private[_-]?key"
-                r"|credentials?|authorization|session[_-]?id|cookie)[A-Za-z0-9_-]*")
-_KEY_VALUE = re.compile(r"(?i)(?P<key>\b" + _SECRET_NAME + r")(?P<q1>['\"]?)(?P<sep>\s*[=:]\s*)(?P<q2>['\"]?)"
-                        r"(?P<value>(?:bearer\s+|basic\s+)?[^\s'\",;&)}\]]+)")
-_SECRET_OPTION = re.compile(r"(?i)^--?" + _SECRET_NAME + r"$")
-_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
+_SECRET_WORD = re.compile(r"(?i)token(?!s)|secret|passw(?:or)?d|pwd|api[_-]?key|apikey|access[_-]?key"
+                          r"|private[_-]?key|credentials?|authorization|session[_-]?id|cookie")
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]+")  # a key, option or variable name: each found once (linear)
+_AFTER_KEY = re.compile(r"(?i)(?P<q1>['\"]?)(?P<sep>[ \t]*[=:][ \t]*)(?P<q2>['\"]?)"
+                        r"(?P<value>(?:bearer[ \t]+|basic[ \t]+)?[^\s'\",;&)}\]]{1,4096})")
+_AFTER_OPTION = re.compile(r"[ \t]+['\"]?(?P<value>[^\s'\",;&)}\]]{1,4096})")
+_BEARER = re.compile(r"(?i)\b(bearer|basic)[ \t]+[A-Za-z0-9._~+/=-]{8,4096}")
+# Each shape starts with a fixed prefix and has bounded repeats: the scan stays linear on any input.
 _TOKEN_SHAPES = re.compile(
-    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}"
-    r"|sk-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_-]{20,}"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})")
-_URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{1,15}://[^\s'\"<>`]+")
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,255}|github_pat_[A-Za-z0-9_]{20,255}|xox[abposr]-[A-Za-z0-9-]{10,255}"
+    r"|sk-[A-Za-z0-9_-]{20,255}|hf_[A-Za-z0-9]{20,255}|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_-]{20,255}"
+    r"|eyJ[A-Za-z0-9_-]{8,2048}\.[A-Za-z0-9_-]{8,2048}\.[A-Za-z0-9_-]{8,2048})")
+_URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{1,15}://[^\s'\"<>`]{1,8192}")
 _TOKENISH_SEGMENT = re.compile(r"^(?=.*[0-9])(?=.*[A-Za-z])[A-Za-z0-9_-]{20,}$")  # a long mixed key, not a word
 MIN_SECRET_CHARS = 4  # a known secret shorter than this ("1", "on") would blank out unrelated text
 
@@ -54,8 +57,28 @@ def redact_url(url: Any) -> str:
 
 
 def is_secret_name(name: Any) -> bool:
-    """Whether a key (its last dotted part: ``train.password_file``, ``HF_TOKEN``) names a secret value."""
-    return bool(re.fullmatch(r"(?i)" + _SECRET_NAME, str(name).rsplit(".", 1)[-1]))
+    """Whether a key (its last dotted part: ``train.password_file``, ``HF_TOKEN``, ``--api-key``) names a
+    secret value."""
+    last = str(name).rsplit(".", 1)[-1]
+    return len(last) <= 256 and _NAME_CHARS.fullmatch(last) is not None and _SECRET_WORD.search(last) is not None
+
+
+def _mask_key_values(text: str) -> str:
+    """``token=V``, ``"password": "V"``, ``HF_TOKEN=V``, ``--api-key V`` -> the value masked. One pass over the names in the
+    text (a regex with an open-ended name before the secret word would be quadratic on ``a-a-a-...``)."""
+    out: List[str] = []
+    done = 0
+    for name in _NAME_CHARS.finditer(text):
+        if name.start() < done or not is_secret_name(name.group(0).lstrip("-")):
+            continue
+        after = _AFTER_KEY.match(text, name.end())
+        if after is None and name.group(0).startswith("-"):  # an option and its value: --api-key V
+            after = _AFTER_OPTION.match(text, name.end())
+        if after is None:
+            continue
+        out += [text[done:after.start("value")], MASK]
+        done = after.end("value")
+    return "".join(out) + text[done:] if out else text
 
 
 def _url_has_secret(url: str) -> bool:
@@ -76,12 +99,14 @@ def _one_url(match: "re.Match[str]") -> str:
 def redact(text: Any, secrets: Iterable[str] = ()) -> str:
     """``text`` with every secret this module recognises (and each of ``secrets``) masked."""
     out = str(text)
+    if len(out) > MAX_CHARS:
+        out = f"{out[:MAX_CHARS]}... ({len(out) - MAX_CHARS} more characters not shown)"
     for secret in sorted({str(s) for s in secrets if s is not None and len(str(s)) >= MIN_SECRET_CHARS},
                          key=len, reverse=True):
         out = out.replace(secret, MASK)
     out = _URL.sub(_one_url, out)
     out = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", out)
-    out = _KEY_VALUE.sub(lambda m: f"{m.group('key')}{m.group('q1')}{m.group('sep')}{m.group('q2')}{MASK}", out)
+    out = _mask_key_values(out)
     return _TOKEN_SHAPES.sub(MASK, out)
 
 
@@ -98,7 +123,7 @@ def redact_argv(argv: Sequence[Any], secrets: Iterable[str] = (), hide_values: b
             after_secret_option = False
             continue
         is_option = word.startswith("-") and len(word) > 1
-        if is_option and "=" not in word and _SECRET_OPTION.match(word):
+        if is_option and "=" not in word and is_secret_name(word.lstrip("-")):
             after_secret_option = True
         if hide_values and i > 0:
             if not is_option:
