@@ -73,7 +73,8 @@ class NotifyConfig:
     """``--mail-user``: who gets Slurm's mail (null: the submitting user). Needs ``mail_type``."""
 
     timeout_s: float = 10.0
-    """Seconds the command or the webhook may take; a slower one is stopped and logged as failed."""
+    """Seconds the command or the webhook may take in all, per channel: one deadline for the whole request
+    (connect, send, answer), however slowly the endpoint answers; a slower one is stopped and logged as failed."""
 
     def channels(self) -> List[str]:
         """The channels the watcher drives itself (Slurm's mail goes through the job)."""
