@@ -1,6 +1,6 @@
 """Review finished or running runs: a table, JSON, a plot with attempt boundaries, or a live TensorBoard.
 
-    python -m hpc_agent.review RUN_DIR|RUNS_ROOT [--json] [--plot OUT.png] [--serve [--port N] [--host H --token T]]
+    python -m hpc_agent.review RUN_DIR|RUNS_ROOT [--json] [--plot OUT.png] [--serve [--port N] [--host H --token-file F]]
 
 Login-node code: no torch. TensorBoard, matplotlib and rich are imported inside the functions using them.
 """
@@ -147,10 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--serve", action="store_true", help="run TensorBoard on the run's tb/ (or the root) until Ctrl-C")
     p.add_argument("--port", type=int, default=None, help="port for --serve (default: a free one)")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address for --serve (default 127.0.0.1; any other needs --token)")
-    p.add_argument("--token", default=None,
-                   help="token --serve requires of every request on a non-loopback --host "
-                        "(default: $HPC_AGENT_REVIEW_TOKEN); sent as ?token=, a Bearer header or a cookie")
+                   help="address for --serve (default 127.0.0.1; any other needs a token: --token-file or "
+                        "$HPC_AGENT_REVIEW_TOKEN)")
+    p.add_argument("--token-file", metavar="PATH", default=None,
+                   help="a file (mode 600) holding the token --serve requires of every request on a non-loopback "
+                        "--host (default: $HPC_AGENT_REVIEW_TOKEN); sent as ?token=, a Bearer header or a cookie. "
+                        "Never on the command line: ps shows argv to every user")
+    # Kept only to refuse it with a clear message (and so that `--token` is never taken as an abbreviation
+    # of --token-file): a token in argv is visible to every user of the login node.
+    p.add_argument("--token", default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-seconds", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--pull", metavar="DIR", help="with --remote: mirror the run's TensorBoard files into DIR "
                    "(only new bytes each time), then review, --plot or --serve the mirror here (docs/remote.md)")
@@ -163,6 +168,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, code = parse(build_parser(), argv)
     if args is None:
         return code
+    if args.token is not None:  # a token in argv: refused, whatever else was asked (docs/security.md)
+        from hpc_agent.runs.serve import ARGV_TOKEN_GONE
+
+        print(ARGV_TOKEN_GONE, file=sys.stderr)
+        return EXIT_USAGE
     path = Path(args.path)
     if args.export_tb:  # a laptop's review --pull asks for the bytes it lacks (hpc_agent.remote.tb_pull)
         from hpc_agent.remote.tb_pull import export_main
@@ -182,10 +192,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("review: --pull needs --remote USER@HOST", file=sys.stderr)
         return EXIT_USAGE
     if args.serve:  # refuse an unsafe bind before reading anything
-        from hpc_agent.runs.serve import TOKEN_ENV, bind_problem
+        from hpc_agent.runs.serve import bind_problem, token_from
 
-        args.token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
-        problem = bind_problem(args.host, args.token)
+        args.token, problem = token_from(None, args.token_file, os.environ)
+        problem = problem or bind_problem(args.host, args.token)
         if problem:
             print(problem, file=sys.stderr)
             return EXIT_USAGE

@@ -9,7 +9,6 @@ import argparse
 import datetime as _dt
 import logging
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from hpc_agent.cli.flags import add_common_arguments, configure, passthrough
 from hpc_agent.config.load import load_config, resolve_config_path, to_yaml, write_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.core import paths, rundir
+from hpc_agent.core.redact import redact_command
 from hpc_agent.jobs import code_snapshot, place
 from hpc_agent.jobs.executor import EXECUTORS, local_parameters, make_run_id, render_job_script
 from hpc_agent.policy.preflight import REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, render, sinfo_argv
@@ -33,6 +33,7 @@ EXIT_CONFIG = exit_status.USAGE
 EXIT_SUBMIT_FAILED = exit_status.SLURM  # sbatch refused or timed out
 EXIT_JOB_FAILED = exit_status.FAILED  # --wait: the job did not complete
 EXIT_WONT_FIT = exit_status.WONT_FIT  # the memory estimate exceeds the GPU's memory (submit --force to override)
+EXIT_PAUSED = exit_status.PAUSED  # the runs root's kill switch is set (watch --pause): nothing was created
 log = logging.getLogger("hpc_agent.submit")  # not __name__: under python -m it is __main__, outside the tree
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Validate a training config and submit it as a Slurm job (or a local job).",
         epilog="Example: python -m hpc_agent.submit configs/quickstart.yaml train.lr=1e-3 slurm.partition=low\n"
                "Exit codes: 0 submitted, 1 the job failed (--wait), 2 invalid config, 3 sbatch refused or timed out, "
-               "6 the memory estimate does not fit the GPU (see --force); all commands: docs/cli.md.",
+               "5 the runs root is paused (watch --pause), 6 the memory estimate does not fit the GPU (see --force); "
+               "all commands: docs/cli.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="YAML config: a path, the name of a file in configs/ (e.g. quickstart), "
@@ -164,6 +166,35 @@ def _audit_submit(ledger, run_id: str, job_id: str, kind: str) -> None:
         _warn(f"warning: job {job_id} is submitted, but its audit record was not written ({exc})")
 
 
+def refused_paused(runs_root: Path, run_id: str) -> bool:
+    """True (said on stderr, and audited in the runs root's ledger when it has one) when the runs root's kill
+    switch is set: submit then creates nothing and runs no sbatch (exit 5, as a paused sweep)."""
+    from hpc_agent.state import killswitch
+    from hpc_agent.state.ledger import LEDGER_FILE
+
+    pause_file = killswitch.pause_path(runs_root)
+    if not killswitch.is_paused(pause_file):
+        return False
+    print(f"paused: {pause_file} exists (the kill switch, set by watch --pause): nothing was created or submitted. "
+          f"To submit: python -m hpc_agent.watch --resume --runs-root {runs_root}, then run this command again.",
+          file=sys.stderr)
+    if (runs_root / LEDGER_FILE).is_file():  # a refusal is audited where there is a ledger; none is created
+        from hpc_agent.state import audit
+        from hpc_agent.state.journal import Journal
+        from hpc_agent.state.ledger import Ledger
+
+        try:
+            ledger = Ledger.in_runs_root(runs_root)
+            try:
+                with ledger.transaction():
+                    audit.record_refused(Journal(ledger), run_id, "submit", "", pause_file, process="submit")
+            finally:
+                ledger.close()
+        except Exception as exc:  # noqa: BLE001 - the refusal stands; the audit is a record of it
+            _warn(f"(could not record the refusal in the ledger: {exc})")
+    return True
+
+
 def check_memory(cfg, kind: str) -> MemoryVerdict:
     """The pre-flight memory verdict; asks sinfo for the partition's GPU type only when it needs to."""
     gres = ""
@@ -246,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(to_yaml(cfg))
         if cfg.train.command:  # command mode: what every rank will run, and where (docs/your_script.md)
             where = cfg.container.workdir or os.getcwd()
-            print(f"# Command (once per rank, in {where}): {shlex.join(cfg.train.command)}")
+            shown = redact_command(cfg.train.command, cfg.env_origin.get("train.command", []), os.environ)
+            print(f"# Command (once per rank, in {where}): {shown}")
         if script is not None:
             print("# Job script (sbatch)")
             print(script)
@@ -266,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hpc_agent.core.filemodes import make_dir  # 0700 (0750 with run.group_readable), whatever the umask
 
+    if refused_paused(runs_root, run_id):  # the kill switch: checked before anything is created
+        return EXIT_PAUSED
     # From here until sbatch accepts the job, any failure removes the run dir again (_discard): a failed
     # submit leaves no half-made run behind. The ledger keeps only a refusal by sbatch (the run stopped, with
     # sbatch's error), the one failure that reached it.

@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from hpc_agent.core import rundir
 from hpc_agent.core.checkpoint_format import scan, select
 from hpc_agent.core.fsutil import atomic_write_json
+from hpc_agent.core.redact import redact_command
 
 ENV_DS_CONFIG = "HPC_AGENT_DS_CONFIG"
 ENV_RUN_DIR = "HPC_AGENT_RUN_DIR"
@@ -100,6 +101,7 @@ class Launch:
     ds_config: Dict[str, Any]
     ds_config_path: Path
     notes: List[str] = field(default_factory=list)
+    shown: str = ""  # the command for the job log: env-sourced and token-like arguments masked
 
 
 def build_launch(cfg: Any, run_dir: Path, config_path: Path, denv: Any, *, on_cuda: bool, precision: str,
@@ -140,7 +142,8 @@ def build_launch(cfg: Any, run_dir: Path, config_path: Path, denv: Any, *, on_cu
     notes = [*resume.lines, f"DeepSpeed config {path}: micro batch {ds_config['train_micro_batch_size_per_gpu']} x "
              f"accumulation {ds_config['gradient_accumulation_steps']} x {denv.world_size} rank(s), ZeRO-"
              f"{ds_config['zero_optimization']['stage']}, {precision}"]
-    return Launch(words, env, cwd, ds_config, path, notes)
+    shown = redact_command(words, (getattr(cfg, "env_origin", None) or {}).get("train.command", []), environ)
+    return Launch(words, env, cwd, ds_config, path, notes, shown)
 
 
 def command_argv(cfg: Any, run_dir: Path) -> Tuple[List[str], Optional[Path]]:
@@ -210,7 +213,7 @@ def become(launch: Launch, local: bool) -> int:
             say(f"cannot enter the submit directory {launch.cwd} ({exc}); exiting {EXIT_CONFIG}")
             return EXIT_CONFIG
     if launch.env.get("RANK") == "0":
-        say(f"running {' '.join(launch.argv)} in {os.getcwd()}")
+        say(f"running {launch.shown or redact_command(launch.argv, [], launch.env)} in {os.getcwd()}")
     sys.stdout.flush()
     sys.stderr.flush()
     if local:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Dict, Optional
 
 from hpc_agent.core.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
-from hpc_agent.core.handback import BATCH_REQUEUE_ENV, marker_path
+from hpc_agent.core.handback import BATCH_REQUEUE_ENV, marker_path, pause_file_in_job
 
 HANDLED = (signal.SIGTERM, signal.SIGUSR2)
 WAIT_FOR_SLURM_S = 3600.0  # longer than any GraceTime + KillWait: Slurm ends the wait first
@@ -140,6 +140,11 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
                 return 0
             say(f"exiting {EXIT_SIGNALLED_AFTER_CHECKPOINT}: the batch script requeues job {job_id} once every "
                 "rank has ended; this attempt ends now")
+            return EXIT_SIGNALLED_AFTER_CHECKPOINT
+        paused = pause_file_in_job(os.environ)
+        if paused:  # the kill switch: no requeue; the watcher resumes the run after watch --resume
+            say(f"the kill switch is set ({paused}): job {job_id} is not requeued; exiting 75 for the watcher "
+                "to resume after watch --resume")
             return EXIT_SIGNALLED_AFTER_CHECKPOINT
         try:
             SlurmCLI(timeout_s=20).run(["scontrol", "requeue", job_id])

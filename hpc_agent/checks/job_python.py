@@ -18,6 +18,7 @@ import uuid
 from typing import Any, List, Optional, Sequence, Tuple
 
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+from hpc_agent.slurm.queries import own_jobs
 
 NAME = "job python"
 IMMEDIATE_S = 10
@@ -130,7 +131,7 @@ def check_job_python(cli: SlurmCLI, cfg: Any, repo: Optional[str] = None,
 def cancel(cli: SlurmCLI, name: str) -> None:
     """A killed srun may leave its allocation behind for up to its minute: cancel it by its unique name."""
     try:
-        cli.run(["scancel", f"--name={name}"], check=False, timeout_s=15)
+        cli.run(["scancel", *own_jobs(), f"--name={name}"], check=False, timeout_s=15)
     except SlurmError:
         pass
 

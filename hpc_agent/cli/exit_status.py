@@ -39,7 +39,7 @@ TABLE: Dict[int, Tuple[str, str]] = {
 
 
 BY_COMMAND: Dict[str, Tuple[int, ...]] = {
-    "submit": (OK, FAILED, USAGE, SLURM, WONT_FIT, REMOTE),  # FAILED: --wait's job failed, or copying the code failed
+    "submit": (OK, FAILED, USAGE, SLURM, PAUSED, WONT_FIT, REMOTE),  # FAILED: --wait's job failed, or copying the code failed
     "watch": (OK, USAGE, BUSY),
     "diagnose": (OK, USAGE, REMOTE),  # OK also when Slurm does not answer: the report says unknown (wait)
     "review": (OK, USAGE, REMOTE),

@@ -5,7 +5,7 @@ webhook (a Slack-compatible JSON POST) and Slurm's own mail (``--mail-type``/``-
 in one place for ``hpc_agent/jobs/executor.py``). The watcher sends each event once (``hpc_agent/watcher/notifier.py``).
 
 A webhook URL usually carries its token in the path or query, so it is a secret: problems and logs show
-:func:`redact_url`'s form only (scheme and host), never the whole URL.
+:func:`hpc_agent.core.redact.redact_url`'s form only (scheme and host), never the whole URL.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from hpc_agent.config.checks import raise_if
 from hpc_agent.config.fields import MAIL_TYPE, MAIL_USER
 from hpc_agent.config.problems import Problem
+from hpc_agent.core.redact import redact_url
 
 EVENTS = ("completed", "gave_up", "attention")
 # sbatch's --mail-type values (Slurm 22.05-24.x); a typo would otherwise only show at sbatch.
@@ -23,20 +24,6 @@ MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND"
               "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
 MAX_URL = 2048
 MAX_TIMEOUT_S = 300.0  # the watcher waits for a notifier inside its tick: minutes would stall every run
-
-
-def redact_url(url: Any) -> str:
-    """``https://hooks.slack.com/services/T0/B0/secret`` -> ``https://hooks.slack.com/...``: the scheme and
-    host say which hook it is; the path, query and any user:password are where tokens live."""
-    try:
-        parts = urllib.parse.urlsplit(str(url))
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<an unparsable URL>"
-    if not parts.scheme or not host:
-        return "<a URL without scheme or host>"
-    return f"{parts.scheme}://{host}{port}/..."
 
 
 def url_problem(url: str) -> Optional[str]:
@@ -86,7 +73,8 @@ class NotifyConfig:
     """``--mail-user``: who gets Slurm's mail (null: the submitting user). Needs ``mail_type``."""
 
     timeout_s: float = 10.0
-    """Seconds the command or the webhook may take; a slower one is stopped and logged as failed."""
+    """Seconds the command or the webhook may take in all, per channel: one deadline for the whole request
+    (connect, send, answer), however slowly the endpoint answers; a slower one is stopped and logged as failed."""
 
     def channels(self) -> List[str]:
         """The channels the watcher drives itself (Slurm's mail goes through the job)."""

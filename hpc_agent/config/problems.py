@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, List
 
+from hpc_agent.core.redact import MASK, is_secret_name, redact
+
 # A value is shown cut to this many characters: a 100 MB value must not become a 100 MB error message.
 SHOWN_CHARS = 200
 
@@ -22,7 +24,10 @@ class Problem:
     expected: str
 
     def __str__(self) -> str:
-        return f"{self.key}: got {shown(self.value)}; expected {self.expected}"
+        """Printed for people (and maybe pasted into an issue): the value and the text are redacted
+        (``hpc_agent.core.redact``), since a value next to the problem may carry a token or a password."""
+        value = MASK if is_secret_name(self.key) else redact(shown(self.value))
+        return f"{self.key}: got {value}; expected {redact(self.expected)}"
 
 
 class ConfigError(ValueError):

@@ -40,6 +40,8 @@ from typing import List, Optional
 from hpc_agent.core.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
 
 BATCH_REQUEUE_ENV = "HPC_AGENT_BATCH_REQUEUE"
+RUNS_ROOT_ENV = "HPC_AGENT_RUNS_ROOT"
+"""The runs root, exported by the job script: where the batch shell and the ranks look for the kill switch."""
 
 
 MARKER_PREFIX = ".handback-"
@@ -53,14 +55,16 @@ def marker_path(run_dir, job_id: str):
     return os.path.join(str(run_dir), f"{MARKER_PREFIX}{job_id}")
 
 
-def batch_setup_lines(successor_dir: Optional[str] = None) -> List[str]:
+def batch_setup_lines(successor_dir: Optional[str] = None, runs_root: Optional[str] = None) -> List[str]:
     """Job-script lines before srun: the ranks leave the requeue to the batch shell; a marker left by an
     earlier attempt of this job (it died before its batch shell read it) must not requeue this one. With
     ``successor_dir`` (submitit's folder; ``resilience.successor_on_preempt``) the batch shell hands over to a
-    successor job instead (:func:`successor_lines`)."""
-    lines = [f"export {BATCH_REQUEUE_ENV}=1",
-             'if [ -n "${HPC_AGENT_RUN_DIR:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then '
-             f'rm -f "$HPC_AGENT_RUN_DIR/{MARKER_PREFIX}$SLURM_JOB_ID"; fi']
+    successor job instead (:func:`successor_lines`). ``runs_root`` is exported for the kill-switch check
+    (:func:`paused_lines`; without it the run dir's parent is used)."""
+    lines = [f"export {RUNS_ROOT_ENV}={shlex.quote(runs_root)}"] if runs_root else []
+    lines += [f"export {BATCH_REQUEUE_ENV}=1",
+              'if [ -n "${HPC_AGENT_RUN_DIR:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then '
+              f'rm -f "$HPC_AGENT_RUN_DIR/{MARKER_PREFIX}$SLURM_JOB_ID"; fi']
     if successor_dir:
         lines.append(f"export {SUCCESSOR_DIR_ENV}={shlex.quote(successor_dir)}")
     return lines
@@ -85,6 +89,7 @@ def batch_teardown_lines(successor: bool = False) -> List[str]:
     ]
     return [
         "hpc_agent_rc=$?",
+        *paused_lines(),
         "# 0 with rank 0's marker: every rank saved the checkpoint after SIGUSR2 and exited 0, so that the step",
         f"# ended at once (hpc_agent/core/handback.py); report it as {code}",
         f'hpc_agent_marker="${{HPC_AGENT_RUN_DIR:-/nonexistent}}/{MARKER_PREFIX}${{SLURM_JOB_ID:-}}"',
@@ -94,7 +99,10 @@ def batch_teardown_lines(successor: bool = False) -> List[str]:
         *hand_over,
         '    hpc_agent_job=$SLURM_JOB_ID',
         '    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpc_agent_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi',
-        '    if scontrol requeue "$hpc_agent_job"; then',
+        '    if hpc_agent_paused; then',
+        f'        echo "[hpc_agent] the kill switch is set ($hpc_agent_pause_file): job $hpc_agent_job is not requeued; '
+        f'exiting {code} for the watcher to resume after watch --resume" >&2',
+        '    elif scontrol requeue "$hpc_agent_job"; then',
         "    " + wake_line(),
         "    else",
         '        echo "[hpc_agent] could not requeue job $hpc_agent_job; '
@@ -107,6 +115,37 @@ def batch_teardown_lines(successor: bool = False) -> List[str]:
         "fi",
         'exit "$hpc_agent_rc"',
     ]
+
+
+# --- the kill switch, seen from the job ----------------------------------------------------------------
+def paused_lines() -> List[str]:
+    """A bash function for the teardown: ``hpc_agent_paused`` succeeds when the runs root's kill switch is set
+    (``hpc_agent.core.rundir.PAUSE_FILE``: any entry, even a dangling link, as ``hpc_agent.state.killswitch``
+    reads it), and leaves its path in ``$hpc_agent_pause_file``. The runs root is ``$HPC_AGENT_RUNS_ROOT``,
+    else the run dir's parent. Checked right before each ``scontrol`` the batch shell runs on its own."""
+    from hpc_agent.core.rundir import PAUSE_FILE
+
+    return [
+        "hpc_agent_paused() {",
+        f'    local root="${{{RUNS_ROOT_ENV}:-}}"',
+        '    if [ -z "$root" ] && [ -n "${HPC_AGENT_RUN_DIR:-}" ]; then root="$HPC_AGENT_RUN_DIR/.."; fi',
+        f'    hpc_agent_pause_file="$root/{PAUSE_FILE}"',
+        '    [ -n "$root" ] && { [ -e "$hpc_agent_pause_file" ] || [ -L "$hpc_agent_pause_file" ]; }',
+        "}",
+    ]
+
+
+def pause_file_in_job(environ) -> Optional[str]:
+    """The kill switch's path when it is set, seen from a rank (the same rule as :func:`paused_lines`), else
+    None. A rank that would run ``scontrol requeue`` itself asks this first."""
+    from hpc_agent.core.rundir import PAUSE_FILE
+
+    root = environ.get(RUNS_ROOT_ENV) or (os.path.dirname(os.path.normpath(environ["HPC_AGENT_RUN_DIR"]))
+                                          if environ.get("HPC_AGENT_RUN_DIR") else "")
+    if not root:
+        return None
+    path = os.path.join(root, PAUSE_FILE)
+    return path if os.path.lexists(path) else None
 
 
 # --- handing over to a successor job (resilience.successor_on_preempt) -----------------------------------
@@ -127,6 +166,7 @@ def successor_lines() -> List[str]:
     return [
         "hpc_agent_hand_over() {",
         f'    local dir="${SUCCESSOR_DIR_ENV}" old="$SLURM_JOB_ID" new out v unset=()',
+        "    hpc_agent_paused && return 1  # the kill switch: no successor (the caller says so and does not requeue)",
         '    [ -f "$dir/${old}_submission.sh" ] && [ -f "$dir/${old}_submitted.pkl" ] && [ -n "${HPC_AGENT_RUN_DIR:-}" ] || return 1',
         "    # This job's SLURM_* variables must not reach the successor (SLURM_CONF, which sbatch needs, stays).",
         '    for v in $(compgen -e); do case "$v" in SLURM_CONF) ;; SLURM_*) unset+=(-u "$v") ;; esac; done',

@@ -43,6 +43,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from hpc_agent.core import heartbeat_format
 
 CONFIG = "config.yaml"
+PAUSE_FILE = "watch.paused"
+"""In the runs root (each run dir's parent): the kill switch (``hpc_agent.state.killswitch``). Any entry at that
+name pauses, even a dangling link. The watcher, submit, the sweep and the job's batch shell all look for it."""
 RUN_JSON = "run.json"
 EVENTS = "events.jsonl"
 LEASE = "train.lease"

@@ -139,7 +139,8 @@ def slurm_parameters(cfg: Config, run_id: str, run_dir: Path, config_path: Path,
         # $HPC_AGENT_RUN_DIR) and before the snapshot's PYTHONPATH line (so a venv's activate cannot hide it).
         "setup": render_lines(template.setup, values) + activation_lines(cfg)
         + render_lines(code_snapshot.setup_lines(cfg), values)
-        + batch_setup_lines(str(rundir.slurm_dir(run_dir)) if cfg.resilience.successor_on_preempt else None),
+        + batch_setup_lines(str(rundir.slurm_dir(run_dir)) if cfg.resilience.successor_on_preempt else None,
+                            runs_root=str(run_dir.parent)),  # a run dir is <runs root>/<run id>: the kill switch
         "srun_args": render_args(template.srun_args, values),
         "teardown": batch_teardown_lines(cfg.resilience.successor_on_preempt),  # requeue after a signal's checkpoint, once the step ended
     }

@@ -9,9 +9,10 @@ from hpc_agent.policy.adaptive_lr import adaptation_kind
 
 NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
 # The watcher's notices about a running attempt (hpc_agent.watcher.follow_hang): it asked for the stacks of a run
-# that looked hung, or the run moved on; a notification sent (hpc_agent/watcher/notifier.py). None ends an attempt nor
+# that looked hung, or the run moved on; a notification sent (hpc_agent/watcher/notifier.py); an action the kill
+# switch refused (hpc_agent/state/audit.py record_refused). None ends an attempt nor
 # names its cause; the decision does.
-NOTICE_ACTIONS = frozenset({"hang_suspected", "hang_cleared", "notification"})
+NOTICE_ACTIONS = frozenset({"hang_suspected", "hang_cleared", "notification", "refused"})
 
 
 def is_notice(record: Mapping[str, Any]) -> bool:

@@ -2,8 +2,9 @@
 
 TensorBoard has no authentication, and a login node is shared. So TensorBoard only ever listens on
 127.0.0.1; ``review --serve`` binds there by default. Any other address (``--host 0.0.0.0``, a hostname,
-a routable IP) needs a token (``--token`` or ``$HPC_AGENT_REVIEW_TOKEN``, at least
-:data:`MIN_TOKEN_CHARS` characters): a small stdlib HTTP proxy listens on that address and forwards to
+a routable IP) needs a token (``--token-file PATH`` or ``$HPC_AGENT_REVIEW_TOKEN``, at least
+:data:`MIN_TOKEN_CHARS` characters; never on the command line, which ``ps`` shows to every user of the login
+node: :func:`token_from`): a small stdlib HTTP proxy listens on that address and forwards to
 TensorBoard only requests that carry the token, as ``Authorization: Bearer <token>``, as ``?token=<token>``
 (which also sets a cookie, so the browser's later requests pass) or as that cookie. Anything else gets
 401. Tokens are compared with ``hmac.compare_digest`` (no timing leak).
@@ -26,6 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 TOKEN_ENV = "HPC_AGENT_REVIEW_TOKEN"
 COOKIE = "hpc_agent_review_token"
 MIN_TOKEN_CHARS = 16
+MAX_TOKEN_FILE_BYTES = 4096
 TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 UPSTREAM_TIMEOUT_S = 60.0
 """How long the proxy waits for TensorBoard's answer (a request that takes longer gets 504)."""
@@ -33,6 +35,42 @@ CLIENT_TIMEOUT_S = 60.0
 """How long a client connection may sit idle (a slow or stuck client never holds a thread for good)."""
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                "transfer-encoding", "upgrade", "content-length"}
+
+
+# --- where the token comes from -----------------------------------------------------------------------------
+ARGV_TOKEN_GONE = ("review --serve: --token is gone: a token on the command line is shown by ps to every user "
+                   "of the login node. Put it in a file only you can read (--token-file PATH, e.g. `umask 077; "
+                   "python -c 'import secrets; print(secrets.token_urlsafe(24))' > ~/.review-token`) or in "
+                   f"${TOKEN_ENV}")
+
+
+def token_from(argv_token: Optional[str], token_file: Optional[str],
+               environ: Mapping[str, str]) -> "tuple[Optional[str], Optional[str]]":
+    """(the token, None) or (None, why not: a usage error). From ``--token-file`` (a regular file, not a link,
+    at most 4 KiB, not readable or writable by others; its first line, stripped), else from
+    ``$HPC_AGENT_REVIEW_TOKEN``; None when neither is given. ``--token`` on the command line is refused."""
+    if argv_token is not None:
+        return None, ARGV_TOKEN_GONE
+    if token_file is None:
+        return environ.get(TOKEN_ENV) or None, None
+    import os
+    import stat
+
+    from hpc_agent.core.rundir import read_bounded
+
+    try:
+        data = read_bounded(token_file, MAX_TOKEN_FILE_BYTES)  # regular file only, no link followed, bounded
+        mode = os.stat(token_file, follow_symlinks=False).st_mode
+    except OSError as exc:
+        return None, f"review --serve: cannot read the token file {token_file}: {exc.strerror or exc}"
+    if mode & (stat.S_IROTH | stat.S_IWOTH):
+        return None, (f"review --serve: the token file {token_file} is readable or writable by every user "
+                      f"(mode {stat.S_IMODE(mode):04o}); chmod 600 it")
+    lines = data.decode("utf-8", "replace").splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        return None, f"review --serve: the token file {token_file} is empty"
+    return token, None
 
 
 # --- the rules (pure) -------------------------------------------------------------------------------------
@@ -49,14 +87,14 @@ def bind_problem(host: str, token: Optional[str]) -> Optional[str]:
     """Why ``review --serve`` must not listen on ``host`` with this token, or None when it may."""
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         return (f"review --serve: the token is {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
-                f"(e.g. --token $(python -c 'import secrets; print(secrets.token_urlsafe(24))'))")
+                "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))' > FILE, then --token-file FILE)")
     if token is not None and not TOKEN_CHARS.fullmatch(token):
         return ("review --serve: the token may hold only letters, digits and . _ ~ + / = - "
                 "(it travels in URLs, headers and a cookie)")
     if token is None and not is_loopback(host):
         return (f"review --serve: refusing to serve TensorBoard on {host} without a token: TensorBoard has no "
-                f"authentication, so anyone who can reach {host} could read the runs. Pass --token TOKEN (or set "
-                f"${TOKEN_ENV}), or leave --host at its default 127.0.0.1 and use an SSH tunnel")
+                f"authentication, so anyone who can reach {host} could read the runs. Pass --token-file PATH (or "
+                f"set ${TOKEN_ENV}), or leave --host at its default 127.0.0.1 and use an SSH tunnel")
     return None
 
 

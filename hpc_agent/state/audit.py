@@ -20,7 +20,7 @@ import socket
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 ACTIONS = ("submit", "requeue", "expedite", "resubmit", "exclude", "cancel", "release", "request_stacks", "release_lease",
-           "adopt")
+           "adopt", "refused")  # refused: an action the kill switch stopped (record_refused)
 PROCESSES = ("watcher", "sweep", "submit")
 NOT_ACTIONS = ("notify", "await_end")  # effects that change nothing outside our own log: no action record
 
@@ -51,6 +51,16 @@ def record_action(journal, run_id: str, action: str, job_id: str, reason: str, *
     record = action_record(action, job_id, reason, who(process), **fields)
     journal.add_audit(run_id, record)
     return record
+
+
+def record_refused(journal, run_id: str, refused: str, job_id: str, pause_file: Any, *, process: str,
+                   **fields: Any) -> Dict[str, Any]:
+    """The kill switch stopped ``refused`` (an action or effect kind: ``submit``, ``requeue``, ``notify``...)
+    before it ran: one ``{"action": "refused", "refused": ..., "pause_file": ...}`` record, so the audit trail
+    says what was not done and why."""
+    return record_action(journal, run_id, "refused", job_id, f"the kill switch is set ({pause_file}): "
+                         f"{refused} not done", process=process, result="refused", refused=refused,
+                         pause_file=str(pause_file), **fields)
 
 
 def patch_diff(patch: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:

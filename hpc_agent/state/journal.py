@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_agent.core.filemodes import open_created
 from hpc_agent.core.fsutil import pid_alive
+from hpc_agent.core.redact import redact_record
 from hpc_agent.core.rundir import events_path, read_tail
 from hpc_agent.state.ledger import Ledger
 
@@ -81,8 +82,10 @@ class Journal:
         return True
 
     def add_audit(self, run_id: str, record: Dict[str, Any]) -> None:
+        """One audit record, its strings redacted (``hpc_agent.core.redact``): the trail is copied to the run's
+        events.jsonl and shown by review, and a config diff or a reason may carry a secret."""
         self.db.execute("INSERT INTO audit(run_id, at, record) VALUES (?, ?, ?)",
-                        (run_id, self.ledger.clock(), json.dumps(record, sort_keys=True, default=str)))
+                        (run_id, self.ledger.clock(), json.dumps(redact_record(record), sort_keys=True, default=str)))
 
     # --- effects --------------------------------------------------------------------------------------
     def pending(self, run_id: Optional[str] = None) -> List[EffectRow]:

@@ -1,10 +1,15 @@
-"""The kill switch: one pause file per runs root, honoured by the watcher and by every sweep driver on it.
+"""The kill switch: one pause file per runs root, honoured by everything that acts on Slurm for it.
 
 ``python -m hpc_agent.watch --pause`` (or ``python -m hpc_agent.sweep CONFIG SWEEP --pause``) creates
-``<runs root>/watch.paused``. The watcher checks it before every tick and again before each run's action;
-a sweep driver checks it before every submission, release and cancel, and stops (``Paused``) with its state
-kept, so the same sweep command continues after ``--resume``. This module is the one home of the file's
-name and of the check.
+``<runs root>/watch.paused``. The watcher checks it before every tick, again before each run's action and
+in each effect it carries out (``hpc_agent/watcher/effects.py``: a paused effect is refused, audited, and
+left pending); a sweep driver checks it before every submission, release and cancel, and stops (``Paused``)
+with its state kept, so the same sweep command continues after ``--resume``; ``submit`` refuses (exit 5)
+before it creates anything; and the job's batch shell neither requeues itself nor hands over to a successor
+while it is set (``hpc_agent/core/handback.py``: it exits 75 and the watcher resumes the run after
+``--resume``). This module is the one home of the check (the file's name: ``hpc_agent.core.rundir.PAUSE_FILE``,
+which the job side reads too). A refusal is recorded as an audit record ``{"action": "refused", ...}``
+(:func:`hpc_agent.state.audit.record_refused`) where there is a ledger, and in the job's log in the job.
 
 Only a runs root can be paused: a mistyped path must not "succeed" by creating a directory nobody
 watches, so pausing (or resuming) a folder without the runs ledger is a usage error (exit 2).
@@ -19,10 +24,10 @@ from pathlib import Path
 from typing import Optional
 
 from hpc_agent.cli import exit_status
+from hpc_agent.core.rundir import PAUSE_FILE
 from hpc_agent.state.ledger import LEDGER_FILE
 
-PAUSE_FILE = "watch.paused"
-EXIT_OK, EXIT_USAGE = exit_status.OK, exit_status.USAGE
+EXIT_OK, EXIT_USAGE, EXIT_PAUSED = exit_status.OK, exit_status.USAGE, exit_status.PAUSED
 
 
 class Paused(RuntimeError):

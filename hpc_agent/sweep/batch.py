@@ -40,6 +40,7 @@ from hpc_agent.core.fsutil import atomic_write_json
 from hpc_agent.jobs.executor import activation_lines, fill, load_template, render_args, slurm_parameters
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.job_match import JOB_NAME_PREFIX
+from hpc_agent.slurm.queries import own_jobs
 from hpc_agent.slurm.sacct import parse_sacct
 from hpc_agent.state import audit
 from hpc_agent.state.journal import Journal
@@ -207,13 +208,15 @@ def restore_pickles(folder: Path, run_dirs: Mapping[str, Path]) -> List[str]:
 
 
 def find_array(slurm, sweep: str, batch: str, since: float) -> Optional[List[str]]:
-    """Job ids Slurm lists under an array's name (squeue and sacct); None if Slurm does not answer."""
+    """Job ids of this user's jobs Slurm lists under an array's name (squeue and sacct); None if Slurm does
+    not answer."""
     name = array_name(sweep, batch)
     start = _dt.datetime.fromtimestamp(since - 60).strftime("%Y-%m-%dT%H:%M:%S")
     try:
-        queued = slurm.run(["squeue", "--noheader", "--array", "--name", name, "--format", "%i"]).stdout.split()
-        text = slurm.run(["sacct", "--parsable2", "--allocations", "--name", name, "--starttime", start,
-                          "--format", "JobID,JobName,State"]).stdout
+        queued = slurm.run(["squeue", "--noheader", "--array", *own_jobs(), "--name", name,
+                            "--format", "%i"]).stdout.split()
+        text = slurm.run(["sacct", "--parsable2", "--allocations", *own_jobs(), "--name", name,
+                          "--starttime", start, "--format", "JobID,JobName,State"]).stdout
     except SlurmError:
         return None
     return sorted(set(queued) | {row.job_id for row in parse_sacct(text)})
@@ -230,7 +233,7 @@ def held_arrays(slurm, sweep: str) -> Optional[Dict[str, str]]:
     the ``--name`` filter cannot do."""
     prefix = array_name(sweep, "")
     try:
-        text = slurm.run(["squeue", "--noheader", "--array", "--user", str(os.getuid()), "--states", "PENDING",
+        text = slurm.run(["squeue", "--noheader", "--array", *own_jobs(), "--states", "PENDING",
                           "--format", "%i|%r|%j"]).stdout
     except SlurmError:
         return None

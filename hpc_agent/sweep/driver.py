@@ -108,8 +108,18 @@ class SweepDriver:
         self.out(f"[sweep {_dt.datetime.fromtimestamp(self.clock()).strftime('%H:%M:%S')}] {text}")
 
     def halt_if_paused(self, before: str) -> None:
-        """The kill switch, checked right before each action: raises ``killswitch.Paused``."""
-        killswitch.check(self.runs_root, before)
+        """The kill switch, checked right before each action: raises ``killswitch.Paused``, after one audit
+        record of the refusal (under the sweep's own id, in the ledger)."""
+        try:
+            killswitch.check(self.runs_root, before)
+        except killswitch.Paused as exc:
+            try:
+                with self.ledger.transaction():
+                    audit.record_refused(Journal(self.ledger), adoption.sweep_audit_id(self.spec.name), before, "",
+                                         exc.pause_file, process="sweep")
+            except Exception as inner:  # noqa: BLE001 - the stop stands; the audit is a record of it
+                self.say(f"(could not record the refusal in the ledger: {inner})")
+            raise
 
     @staticmethod
     def set_attr(trial, key: str, value: Any) -> None:
@@ -184,6 +194,8 @@ class SweepDriver:
             # The trials keep their intent: the next driver finds no array by that name and submits them again.
             raise SlurmError(f"sbatch refused the array for trials {[j.number for j in jobs]}: {exc}") from exc
         crash_point("sweep_before_release")  # tests: the array is in Slurm, held (see settle_held)
+        # Paused meanwhile: the array stays held, and the next driver (after --resume) adopts and releases it.
+        self.halt_if_paused(f"releasing the array of trials {[j.number for j in jobs]}")
         release_array(self.slurm, job_ids)  # submitted held: submitit has now put every pickle in place
         crash_point("sweep_after_submit")  # tests: the array is in Slurm, its job ids recorded nowhere
         for trial, job, job_id in zip(trials, jobs, job_ids):

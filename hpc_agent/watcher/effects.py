@@ -37,6 +37,15 @@ class Retry(Exception):
     """Not done yet: leave the effect pending and try again on the next tick."""
 
 
+class Refused(Retry):
+    """The kill switch is set: the effect is not carried out (audited as refused), and stays pending until
+    ``watch --resume``."""
+
+    def __init__(self, pause_file: Path, kind: str):
+        self.pause_file, self.kind = pause_file, kind
+        super().__init__(f"paused: {pause_file} exists (the kill switch); {kind} refused")
+
+
 @dataclass
 class Context:
     ledger: Ledger
@@ -46,10 +55,21 @@ class Context:
     say: Callable[[str, str], None]
     clock: Callable[[], float]
     intent_grace_s: float = INTENT_GRACE_S
+    pause_file: Optional[Path] = None  # the runs root's kill switch; None: not checked (a test without one)
+
+
+def check_paused(ctx: Context, kind: str) -> None:
+    """Raise :class:`Refused` when the kill switch is set: right before every effect and every sbatch."""
+    from hpc_agent.state.killswitch import is_paused
+
+    if ctx.pause_file is not None and is_paused(ctx.pause_file):
+        raise Refused(ctx.pause_file, kind)
 
 
 def carry_out(ctx: Context, run: Run, effect: EffectRow) -> str:
-    """Do one effect; returns what happened. Raises Retry (or SlurmError/OSError) to be retried later."""
+    """Do one effect; returns what happened. Raises Retry (Refused while the kill switch is set: every kind,
+    checked here, at the one door) or SlurmError/OSError, to be retried later."""
+    check_paused(ctx, effect.kind)
     return _HANDLERS[effect.kind](ctx, run, effect)
 
 
@@ -255,6 +275,11 @@ class Carrier:
         except Retry:
             return
         if found is None:
+            try:
+                check_paused(self.ctx, "submit")
+            except Refused as exc:
+                self._refused(run, "submit", "", exc)
+                return
             self.ctx.say(run.run_id, f"intent #{sub.id} never reached Slurm; submitting it now")
             cfg = run_config.current(self.ctx.ledger, run.run_id, run.run_dir)
             if Path(sub.config_path) == rundir.config_path(Path(run.run_dir)):
@@ -276,6 +301,9 @@ class Carrier:
                 return
             try:
                 result = carry_out(self.ctx, run, effect)
+            except Refused as exc:  # left pending (tries unchanged): carried out after watch --resume
+                self._refused(run, effect.kind, effect.job_id, exc)
+                return
             except (Retry, SlurmError, OSError) as exc:
                 self.journal.mark_try(effect.id, str(exc))
                 self.ctx.say(run.run_id, f"{effect.kind} not done yet ({exc}); will retry next tick")
@@ -283,6 +311,14 @@ class Carrier:
             self._done(run, effect, result)
         if Phase(self.ctx.ledger.run(run.run_id).phase) is Phase.RECOVERING:
             self.ctx.ledger.advance(run.run_id, Event(EventKind.RECOVERED))
+        self.flush_events([run.run_id])
+
+    def _refused(self, run: Run, kind: str, job_id: str, exc: Refused) -> None:
+        """Say and audit that the kill switch stopped ``kind`` (the watcher checks it before each tick and each
+        run too; this is the last check, right before the action, for a pause set meanwhile)."""
+        self.ctx.say(run.run_id, f"{kind} refused: {exc}")
+        with (nullcontext() if getattr(self.ctx.ledger.db, "in_transaction", False) else self.ctx.ledger.transaction()):
+            audit.record_refused(self.journal, run.run_id, kind, job_id, exc.pause_file, process=self.process)
         self.flush_events([run.run_id])
 
     def _done(self, run: Run, effect: EffectRow, result: str) -> None:

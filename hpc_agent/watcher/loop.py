@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.profile import sacct_json_quirk
 from hpc_agent.core.handback import handing_back, read_successor
+from hpc_agent.core.redact import redact
 from hpc_agent.jobs.submission import crash_point, submit_attempt
 from hpc_agent.policy.decide import PolicyLimits
 from hpc_agent.slurm.attempt_cache import AttemptCache
@@ -57,11 +58,13 @@ class Watcher:
                  pause_file: Optional[Path] = None, lease: Optional[WatcherLease] = None,
                  intent_grace_s: float = effects.INTENT_GRACE_S, sacct_json: Optional[bool] = None,
                  notify: Optional[Any] = None):
-        self.ledger, self.slurm, self.runs_root, self.clock, self.out = ledger, slurm, Path(runs_root), clock, out
+        self.ledger, self.slurm, self.runs_root, self.clock = ledger, slurm, Path(runs_root), clock
+        self.out = lambda line: out(redact(line))  # the watcher's log: no secret in it (hpc_agent.core.redact)
         self.dry_run, self.limits, self.lease = dry_run, limits or PolicyLimits(), lease
         self.pause_file = pause_file or killswitch.pause_path(self.runs_root)
         self.journal = Journal(ledger, lease)
-        self.ctx = effects.Context(ledger, slurm, submit, executor, self._say, clock, intent_grace_s)
+        self.ctx = effects.Context(ledger, slurm, submit, executor, self._say, clock, intent_grace_s,
+                                   pause_file=self.pause_file)
         self.carrier = effects.Carrier(self.ctx, self.journal, self._guarded, self._time)
         self._report = TickReport()
         self._said_wait: set = set()

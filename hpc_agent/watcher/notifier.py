@@ -14,63 +14,172 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from hpc_agent.config.notify import NotifyConfig, redact_url
+from hpc_agent.config.notify import NotifyConfig
+from hpc_agent.core.redact import redact_url
 from hpc_agent.state import run_config
 from hpc_agent.watcher.notify_events import Notification, notifications_for, paused_notification, wants_budget
 
 OUTPUT_TAIL = 300   # characters of a failed command's stderr kept in the log and audit
 BATCH = 1000        # audit records read per tick: a backlog is worked off over several ticks
+RESPONSE_BYTES = 64 * 1024  # of a webhook's answer body read (and dropped): the status line is what counts
+KILL_WAIT_S = 1.0   # after the deadline: how long a killed command or an aborted request may take to go away
 
 
 class NotifyFailed(Exception):
     """A channel did not take the notification; the message is safe to log (no secret in it)."""
 
 
-def send_command(argv: Sequence[str], payload: Dict[str, Any], timeout_s: float) -> str:
-    """Run ``argv`` (no shell) with the payload as JSON on stdin; raises NotifyFailed unless it exits 0."""
+def send_command(argv: Sequence[str], payload: Dict[str, Any], timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> str:
+    """Run ``argv`` (no shell) with the payload as JSON on stdin; raises NotifyFailed unless it exits 0 within
+    ``timeout_s`` in all. The command runs in a session of its own: at the deadline the whole group is killed,
+    and a grandchild that kept the pipes open cannot hold the watcher (``subprocess.run`` would wait for it)."""
+    deadline = clock() + timeout_s
     try:
-        proc = subprocess.run(list(argv), input=json.dumps(payload, default=str).encode(), capture_output=True,
-                              timeout=timeout_s, check=False, start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        raise NotifyFailed(f"{argv[0]} did not finish within {timeout_s:g} s (killed)") from exc
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
     except OSError as exc:
         raise NotifyFailed(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+    try:
+        _, stderr = proc.communicate(json.dumps(payload, default=str).encode(), timeout=max(deadline - clock(), 0))
+    except subprocess.TimeoutExpired as exc:
+        _kill_group(proc)
+        raise NotifyFailed(f"{argv[0]} did not finish within {timeout_s:g} s (killed)") from exc
+    except BaseException:
+        _kill_group(proc)
+        raise
     if proc.returncode != 0:
-        tail = proc.stderr.decode(errors="replace").strip()[-OUTPUT_TAIL:]
+        tail = stderr.decode(errors="replace").strip()[-OUTPUT_TAIL:]
         raise NotifyFailed(f"{argv[0]} exited with status {proc.returncode}" + (f": {tail}" if tail else ""))
     return "sent"
 
 
-def send_webhook(url: str, payload: Dict[str, Any], timeout_s: float) -> str:
-    """POST the payload as JSON; raises NotifyFailed (URL-free message) unless the answer is 2xx."""
-    import urllib.error  # here: urllib.request imports ssl and http.client, which watch --pause need not load
-    import urllib.request
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        """A webhook that redirects is a misconfiguration: following it would re-send the body elsewhere."""
-
-        def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
-            return None
-
-    shown = redact_url(url)
-    body = json.dumps(payload, default=str).encode()
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "hpc_agent"})
-    opener = urllib.request.build_opener(NoRedirect)
+def _kill_group(proc: "subprocess.Popen[bytes]") -> None:
+    """SIGKILL the command's session, then reap it without waiting on pipes a grandchild may still hold."""
     try:
-        with opener.open(request, timeout=timeout_s) as response:
-            response.read(64 * 1024)
-            return f"sent (HTTP {response.status})"
-    except urllib.error.HTTPError as exc:
-        raise NotifyFailed(f"{shown} answered HTTP {exc.code} {exc.reason}") from exc
-    except urllib.error.URLError as exc:
-        raise NotifyFailed(f"{shown} unreachable: {_scrub(str(exc.reason), url)}") from exc
-    except (TimeoutError, OSError) as exc:
-        raise NotifyFailed(f"{shown}: {_scrub(str(exc) or type(exc).__name__, url)} (timeout {timeout_s:g} s)") from exc
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:  # unkillable (D state): left to the kernel, the watcher goes on
+        pass
+
+
+class _Exchange:
+    """One POST over http.client, in a worker thread, so the caller can stop waiting at the deadline: a socket
+    timeout bounds each read, not the request, and an endpoint that drips a byte per read never trips it.
+    :meth:`abort` shuts the socket down, which ends a blocked read at once."""
+
+    def __init__(self, url: str, body: bytes):
+        self.url, self.body = url, body
+        self.conn: Any = None
+        self.status: Optional[int] = None
+        self.reason = ""
+        self.error: Optional[BaseException] = None
+        self.aborted = False
+        self.lock = threading.Lock()
+
+    def run(self, deadline: float, clock: Callable[[], float]) -> None:
+        import http.client  # here: it imports ssl, which watch --pause need not load
+        import urllib.parse
+
+        try:
+            parts = urllib.parse.urlsplit(self.url)
+            cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+            conn = cls(parts.hostname or "", parts.port, timeout=max(deadline - clock(), 0.001))
+            with self.lock:
+                if self.aborted:
+                    return
+                self.conn = conn
+            conn.connect()  # the name lookup and the connection; the caller may have stopped waiting meanwhile
+            if self.aborted or clock() >= deadline:
+                raise TimeoutError("the deadline passed while connecting")
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.sock.settimeout(max(deadline - clock(), 0.001))
+            conn.request("POST", target, body=self.body,
+                         headers={"Content-Type": "application/json", "User-Agent": "hpc_agent"})
+            response = conn.getresponse()
+            left = RESPONSE_BYTES
+            while left > 0 and clock() < deadline:  # read (and drop) a bounded body, never past the deadline
+                if conn.sock is not None:
+                    conn.sock.settimeout(max(deadline - clock(), 0.001))
+                chunk = response.read1(min(left, 8192)) if hasattr(response, "read1") else response.read(left)
+                if not chunk:
+                    break
+                left -= len(chunk)
+            self.status, self.reason = response.status, response.reason
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which turns it into NotifyFailed
+            self.error = exc
+        finally:
+            self.close()
+
+    def abort(self) -> None:
+        with self.lock:
+            self.aborted = True
+            conn = self.conn
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        with self.lock:
+            conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def send_webhook(url: str, payload: Dict[str, Any], timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> str:
+    """POST the payload as JSON; raises NotifyFailed (URL-free message) unless the answer is 2xx. ``timeout_s``
+    is the whole exchange's deadline (name lookup, connect, send, the answer and its body), kept on a
+    monotonic clock: at the deadline the socket is shut down and the watcher goes on, whatever the endpoint
+    does. Redirects are not followed (a webhook that redirects is misconfigured: following it would re-send
+    the body elsewhere), so a 3xx answer is a failure."""
+    shown = redact_url(url)
+    deadline = clock() + timeout_s
+    exchange = _Exchange(url, json.dumps(payload, default=str).encode())
+    worker = threading.Thread(target=exchange.run, args=(deadline, clock), name="hpc_agent-webhook", daemon=True)
+    worker.start()
+    worker.join(max(deadline - clock(), 0))
+    if worker.is_alive():
+        exchange.abort()  # the worker's blocked call ends now; a name lookup ends on its own (daemon thread)
+        worker.join(KILL_WAIT_S)
+        raise NotifyFailed(f"{shown}: no complete answer within {timeout_s:g} s (timeout: the deadline for the "
+                           "whole request; stopped)")
+    if exchange.error is not None:
+        exc = exchange.error
+        if isinstance(exc, (TimeoutError, socket.timeout)) or clock() >= deadline:
+            raise NotifyFailed(f"{shown}: no complete answer within {timeout_s:g} s (timeout: the deadline for "
+                               "the whole request)") from exc
+        if isinstance(exc, (ConnectionError, OSError)):
+            raise NotifyFailed(f"{shown} unreachable: {_scrub(str(exc) or type(exc).__name__, url)}") from exc
+        raise NotifyFailed(f"{shown}: {type(exc).__name__}: {_scrub(str(exc), url)[:OUTPUT_TAIL]}") from exc
+    if exchange.status is None:
+        raise NotifyFailed(f"{shown}: no answer within {timeout_s:g} s (timeout)")
+    if not 200 <= exchange.status < 300:
+        raise NotifyFailed(f"{shown} answered HTTP {exchange.status} {_scrub(exchange.reason, url)[:80]}")
+    return f"sent (HTTP {exchange.status})"
 
 
 def _scrub(text: str, url: str) -> str:

@@ -148,6 +148,7 @@ class FakeJob:
     purged: bool = False           # left slurmctld's memory (MinJobAge): only sacct knows it
     reason: str = "None"
     completing_until: Optional[float] = None  # slurmctld still cleans up the ended attempt (see completing_s)
+    owner: Optional[Tuple[str, str]] = None  # (user name, uid) of another user's job; None: the fake's own user
     attempts: List[FakeAttempt] = field(default_factory=list)
 
     @property
@@ -198,6 +199,24 @@ class FakeSlurm:
         """Move the fake's own clock (ignored when a ``clock`` was given: move that one)."""
         self._now += seconds
         return self.now
+
+    # --- whose job ----------------------------------------------------------------------------------------
+    def owner_of(self, job: "FakeJob") -> Tuple[str, str]:
+        """(user name, uid) of the job's owner."""
+        return job.owner if job.owner is not None else (self.user, self.uid)
+
+    def _users_filter(self, jobs: List["FakeJob"], opts: Dict[str, str], listing_all: bool) -> List["FakeJob"]:
+        """``--me`` / ``--user=LIST`` (names or uids, as Slurm takes them); without either, everyone's jobs
+        when ``listing_all`` (squeue; sacct for root or with --allusers), else the caller's own (sacct)."""
+        if "me" in opts:
+            wanted = {self.user, self.uid}
+        elif "user" in opts:
+            wanted = {u.strip() for u in opts["user"].split(",")}
+        elif listing_all:
+            return jobs
+        else:
+            wanted = {self.user, self.uid}
+        return [j for j in jobs if wanted & set(self.owner_of(j))]
 
     # --- recorded calls -----------------------------------------------------------------------------------
     def ran(self, *prefix: str) -> List[List[str]]:
@@ -301,8 +320,10 @@ class FakeSlurm:
     def submit(self, name: str = "wrap", *, comment: str = "", partition: Optional[str] = None, nodes: int = 1,
                hold: bool = False, begin: Optional[float] = None, array: Optional[Sequence[int]] = None,
                exclude: Sequence[str] = (), nodelist: Sequence[str] = (), time_limit: str = "UNLIMITED",
-               stdout: str = "", workdir: str = "/tmp") -> str:
-        """sbatch: the new job id (an array's base id; its tasks are ``<base>_<i>``), PENDING."""
+               stdout: str = "", workdir: str = "/tmp", owner: Optional[Tuple[str, str]] = None) -> str:
+        """sbatch: the new job id (an array's base id; its tasks are ``<base>_<i>``), PENDING. ``owner`` (a
+        user name and uid) makes it another user's job: squeue lists it unless asked for ``--me``/``--user``,
+        sacct lists it to root (or with ``--allusers``) unless asked for ``--user``."""
         partition = partition or self.partitions[0]
         if partition not in self.partitions:
             raise SlurmError(f"sbatch: error: invalid partition specified: {partition}")
@@ -316,7 +337,7 @@ class FakeSlurm:
             job = FakeJob(job_id=job_id, raw_id=raw, name=name, submit_time=self.now, comment=comment,
                           partition=partition, num_nodes=nodes, held=hold, begin=begin, exclude=list(exclude),
                           nodelist=list(nodelist), time_limit=time_limit, stdout=out, stderr=out, workdir=workdir,
-                          array_base=base if task is not None else None, array_task=task)
+                          array_base=base if task is not None else None, array_task=task, owner=owner)
             job.attempts.append(self._new_attempt())
             job.reason = self._pending_reason(job)
             self.jobs[job_id] = job
@@ -581,6 +602,8 @@ class FakeSlurm:
                         flags={"--parsable2": "P", "-P": "P", "--parsable": "p", "-p": "p", "--duplicates": "D",
                                "-D": "D", "--allocations": "X", "-X": "X", "--noheader": "n", "-n": "n",
                                "--allusers": "a", "-a": "a", "--json": "J"}, command="sacct")
+        # sacct lists only the caller's jobs, except to root (and with --allusers); -u selects users
+        scope = lambda found: self._users_filter(found, opts, "a" in opts or self.uid == "0")  # noqa: E731
         fields = opts.get("format", "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode").split(",")
         for f in fields if "J" not in opts else ():  # --json prints every field and ignores --format
             if f not in SACCT_KNOWN:
@@ -595,6 +618,7 @@ class FakeSlurm:
         if "name" in opts:
             names = set(opts["name"].split(","))
             jobs = [j for j in jobs if j.name in names]
+        jobs = scope(jobs)
         since = self._parse_time(opts["starttime"]) if "starttime" in opts else None
         visible = self.now - self.sacct_lag_s
         records: List[Tuple[int, FakeJob, FakeAttempt]] = []
@@ -653,7 +677,7 @@ class FakeSlurm:
                     "Eligible": _ts(job.begin if job.begin is not None else job.submit_time),
                     "Partition": job.partition, "NNodes": str(max(1, len(a.nodes) or job.num_nodes)),
                     "Comment": job.comment, "MaxRSS": "", "ReqMem": f"{self.mem_mb // self.cpus}M",
-                    "Timelimit": job.time_limit, "User": self.user, "AllocCPUS": "1",
+                    "Timelimit": job.time_limit, "User": self.owner_of(job)[0], "AllocCPUS": "1",
                     "Reason": job.reason if a is job.attempt else "None"}
         run_end = s.end if s.end is not None else self.now
         return {"JobID": f"{job.job_id}.{s.suffix}", "JobIDRaw": f"{job.raw_id}.{s.suffix}", "JobName": s.name,
@@ -725,7 +749,7 @@ class FakeSlurm:
                                          "eligible": epoch(job.begin if job.begin is not None else job.submit_time),
                                          "end": epoch(a.end), "start": epoch(a.start if not a.never_started else a.end),
                                          "submission": epoch(a.created)},
-                "user": self.user, "working_directory": job.workdir}
+                "user": self.owner_of(job)[0], "working_directory": job.workdir}
 
     # --- squeue -------------------------------------------------------------------------------------------
     def _cmd_squeue(self, args: List[str]) -> Tuple[int, str, str]:
@@ -745,6 +769,7 @@ class FakeSlurm:
         if "name" in opts:
             names = set(opts["name"].split(","))
             known = [j for j in known if j.name in names]
+        known = self._users_filter(known, opts, listing_all=True)  # squeue: everyone's, without PrivateData
         states = opts.get("states", "")
         if states.lower() == "all":
             listed = known
@@ -786,7 +811,7 @@ class FakeSlurm:
         elapsed = _elapsed(self.now - a.start) if a.start is not None and a.end is None else "0:00"
         return {"i": shown_id, "A": job.raw_id, "j": job.name, "T": state, "t": _SHORT.get(state, state),
                 "N": nodes, "S": start, "r": reason, "P": job.partition, "k": job.comment or "(null)",
-                "u": self.user, "D": str(job.num_nodes), "M": elapsed,
+                "u": self.owner_of(job)[0], "D": str(job.num_nodes), "M": elapsed,
                 "R": nodes if state != "PENDING" else f"({reason})",
                 "F": job.array_base or job.raw_id, "K": str(job.array_task) if job.array_task is not None else "N/A"}
 
@@ -950,7 +975,8 @@ class FakeSlurm:
         pairs = [("JobId", job.raw_id)]
         if job.array_base is not None:
             pairs += [("ArrayJobId", job.array_base), ("ArrayTaskId", str(job.array_task))]
-        pairs += [("JobName", job.name), ("UserId", f"{self.user}({self.uid})"), ("GroupId", f"{self.user}({self.uid})"),
+        user, uid = self.owner_of(job)
+        pairs += [("JobName", job.name), ("UserId", f"{user}({uid})"), ("GroupId", f"{user}({uid})"),
                   ("JobState", state), ("Reason", job.reason), ("Dependency", "(null)"), ("Requeue", "1"),
                   ("Restarts", str(job.restarts)), ("BatchFlag", "1"), ("ExitCode", exit_code), ("RunTime", run),
                   ("TimeLimit", job.time_limit), ("SubmitTime", _ts(job.submit_time)), ("EligibleTime", _ts(eligible)),

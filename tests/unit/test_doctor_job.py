@@ -8,6 +8,7 @@ import sys
 from hpc_agent.checks import job_python
 from hpc_agent.config.load import load_config
 from hpc_agent.slurm.cli import Result, SlurmCLI, SlurmError
+from hpc_agent.slurm.queries import own_jobs
 
 HERE = "%d.%d" % sys.version_info[:2]
 
@@ -65,7 +66,7 @@ def test_a_timeout_warns_and_cancels_the_probe():
     level, _, detail = _check(cli)
     assert level == "WARN" and "not checked" in detail
     name = next(a for a in cli.calls[0][0] if a.startswith("--job-name="))[len("--job-name="):]
-    assert cli.calls[-1][0] == ["scancel", f"--name={name}"]
+    assert cli.calls[-1][0] == ["scancel", *own_jobs(), f"--name={name}"]  # never another user's job
 
 
 def test_no_free_node_warns():

@@ -94,6 +94,15 @@ def submit_slurm(e: Env) -> List[str]:
     return ["quickstart", "--executor", "slurm", f"run.runs_root={e.root}"]
 
 
+def submit_paused(e: Env) -> List[str]:
+    """The runs root's kill switch is set: refused before anything is created, no sbatch (issue 42, finding 6)."""
+    from hpc_agent.state import killswitch
+
+    e.slurm(lambda argv: pytest.fail(f"a paused submit ran {argv}") if argv[0] == "sbatch" else (0, "", ""))
+    killswitch.switch(e.ledger(), pause=True, out=lambda text: None)
+    return ["quickstart", "--executor", "slurm", f"run.runs_root={e.root}"]
+
+
 def sweep_busy(e: Env) -> List[str]:
     from hpc_agent.core.fsutil import hold_lock
 
@@ -238,6 +247,7 @@ CASES = {
     ("submit", FAILED): submit_failed,
     ("submit", USAGE): lambda e: ["quickstart", "train.max_steps=-1", f"run.runs_root={e.root}"],
     ("submit", SLURM): submit_slurm,
+    ("submit", PAUSED): submit_paused,
     ("submit", WONT_FIT): lambda e: ["quickstart", *BIG, f"run.runs_root={e.root}", "--executor", "local"],
     ("watch", OK): lambda e: (e.slurm(lambda argv: (0, "", "")),
                               ["--runs-root", str(e.ledger()), "--once", "--dry-run", "--executor", "local"])[1],

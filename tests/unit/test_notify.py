@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from hpc_agent.config.load import build_config, write_run_config
-from hpc_agent.config.notify import NotifyConfig, redact_url, sbatch_options
+from hpc_agent.config.notify import NotifyConfig, sbatch_options
 from hpc_agent.config.problems import ConfigError
+from hpc_agent.core.redact import redact_url
 from hpc_agent.policy.decide import PastAttempt, retries_left
 from hpc_agent.state import run_config
 from hpc_agent.state.journal import Journal

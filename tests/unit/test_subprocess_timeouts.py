@@ -25,6 +25,8 @@ POPEN_OWNED = {
         "TensorBoard for review --serve: serve() terminates it in a finally (kill after 10 s)",
     ("hpc_agent/chaos/inject.py", "start"):
         "the chaos driver's watcher: killed (sigkill/stop) by the driver, which waits with a timeout",
+    ("hpc_agent/watcher/notifier.py", "send_command"):
+        "a notify command: communicate() with the notification's deadline, then its whole session is killed",
     ("launch/command.py", "_run_child"):
         "the user's command under the local executor: it is the task itself, bounded by submitit's timeout, "
         "which signals the task, and the task forwards the signal to it",

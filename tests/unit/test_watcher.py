@@ -17,6 +17,7 @@ import pytest
 from hpc_agent.config.load import build_config, load_snapshot, write_run_config
 from hpc_agent.jobs.submission import record_job
 from hpc_agent.slurm.job_match import job_name_for
+from hpc_agent.slurm.queries import own_jobs
 from hpc_agent.state import run_config
 from hpc_agent.state.ledger import Ledger
 from hpc_agent.watcher.loop import Watcher
@@ -300,7 +301,7 @@ def test_reconcile_intent_without_job_id(world, slurm_knows_it):
     slurm.advance(121)
     world["watcher"].reconcile()
     latest = ledger.latest_submission("r")
-    assert slurm.ran("squeue", "--noheader", "--states", "all", "--name", job_name_for("r"))
+    assert slurm.ran("squeue", "--noheader", "--states", "all", *own_jobs(), "--name", job_name_for("r"))
     if slurm_knows_it:
         assert latest.id == sid and latest.job_id == reached != job
         assert world["submit"].calls == [] and slurm.submissions == []
