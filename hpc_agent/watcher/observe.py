@@ -18,6 +18,7 @@ from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.core import rundir
 from hpc_agent.core.checkpoint_format import complete_steps
+from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps
 from hpc_agent.diagnosis.alarms import run_alarms
 from hpc_agent.diagnosis.hang import judge
 from hpc_agent.metrics.tb_reader import RunScalars
@@ -129,10 +130,11 @@ def _without_accounting(slurm, ids: List[str], error: Exception, report, say) ->
     return text
 
 
-def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars]) -> RunFiles:
+def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars], caps: ReadCaps = DEFAULT_CAPS) -> RunFiles:
     """The run's config, the job's log tails, fatal TensorBoard alarms and complete checkpoints, each read
     bounded and regular-file-only. ``scalars`` is the run's incremental TensorBoard reader (kept between
-    ticks by the watcher, so each tick reads only new bytes)."""
+    ticks by the watcher, so each tick reads only new bytes). Within ``caps`` (the newest rank logs, the
+    run's log bytes): a run over a cap gets a note naming it (``read_caps.over_cap``), not a problem."""
     problems: List[str] = []
     notes: List[str] = []
     config = None
@@ -144,11 +146,15 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars]) -> Run
     except OSError as exc:
         problems.append(f"{rundir.CONFIG}: {exc.strerror or exc}" if not isinstance(exc, rundir.UnsafeFile) else str(exc))
     logs = []
-    for path in rundir.find_logs(run_dir, job_id):
-        try:
-            logs.append(rundir.tail_log(path, TAIL_BYTES))
-        except OSError as exc:
-            problems.append(str(exc) if isinstance(exc, rundir.UnsafeFile) else f"{path.name}: {exc.strerror or exc}")
+    choice = rundir.find_logs(run_dir, job_id, caps=caps)
+    notes.extend(choice.notes)
+    for path, got in rundir.tail_logs(choice.paths, TAIL_BYTES, caps):
+        if isinstance(got, rundir.LogText):
+            logs.append(got)
+        elif isinstance(got, str):
+            notes.append(got)
+        else:
+            problems.append(str(got) if isinstance(got, rundir.UnsafeFile) else f"{path.name}: {got.strerror or got}")
     alarms = []
     if scalars is not None:
         try:
@@ -235,6 +241,6 @@ def run_state(ledger, run, state: RunState) -> RunState:
                                            "decision": last.decision})
 
 
-def scalars_for(run_dir: Path) -> Optional[RunScalars]:
+def scalars_for(run_dir: Path, caps: ReadCaps = DEFAULT_CAPS) -> Optional[RunScalars]:
     tb = rundir.tb_dir(run_dir)
-    return RunScalars(tb, tags=ALARM_TAGS) if tb.is_dir() and not tb.is_symlink() else None
+    return RunScalars(tb, tags=ALARM_TAGS, caps=caps) if tb.is_dir() and not tb.is_symlink() else None
