@@ -23,10 +23,11 @@ class ReadCaps:
     rank_logs: int = 8
     """Ranks whose logs (``<job>_<rank>_log.out``/``.err``) are read: the ranks whose newest log file is newest
     by mtime. A job with more ranks gets the note; the cause of an end is in the rank that wrote last."""
-    listing: int = 10_000
+    listing: int = 4096
     """Directory entries looked at in one run's ``slurm/`` and, all folders together, under its ``tb/``
     (each one a ``readdir`` entry and at most one ``lstat``): the newest logs and event files are picked from
-    these, so a folder stuffed with a million names is not listed to its end."""
+    these, so a folder stuffed with a million names is not listed to its end (4096: the ``.out`` and ``.err``
+    of 2048 ranks)."""
     run_bytes: int = 16 << 20
     """Bytes of log tails read from one run per read, all its logs together (each log's own tail cap still
     applies: 256 KiB for the watcher, ``diagnose --tail-bytes``, 1 MiB by default: 8 ranks' ``.out`` and ``.err``

@@ -40,7 +40,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from hpc_agent.core import heartbeat_format
 from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps, over_cap
@@ -146,6 +146,9 @@ def _rank_order(path: Path) -> Tuple[int, str]:
     return (int(m.group(1)) if m else 1 << 30, path.name)
 
 
+_LOG_SUFFIXES = ("_log.out", "_log.err")
+
+
 @dataclass(frozen=True)
 class LogChoice:
     """The logs :func:`find_logs` picked, by rank, and what was left out (``notes``: the caps it met)."""
@@ -168,16 +171,16 @@ def _newest_by_rank(found: List[Tuple[int, Path]], caps: ReadCaps) -> Tuple[List
     return sorted((p for files in ranks.values() for _, p in files), key=_rank_order), notes
 
 
-def _scan_logs(folder: Path, names: Tuple[str, ...], caps: ReadCaps) -> Tuple[List[Tuple[int, Path]], bool]:
-    """(mtime_ns, path) of the entries of ``folder`` matching one of the glob ``names``, one ``lstat`` each,
-    and whether the listing stopped at ``caps.listing`` entries."""
+def _scan_logs(folder: Path, match: Callable[[str], bool], caps: ReadCaps) -> Tuple[List[Tuple[int, Path]], bool]:
+    """(mtime_ns, path) of the entries of ``folder`` whose name ``match`` accepts, one ``lstat`` each, and
+    whether the listing stopped at ``caps.listing`` entries."""
     found: List[Tuple[int, Path]] = []
     try:
         with os.scandir(folder) as entries:
             for seen, entry in enumerate(entries):
                 if seen >= caps.listing:
                     return found, True
-                if any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in names):
+                if match(entry.name):
                     try:
                         found.append((entry.stat(follow_symlinks=False).st_mtime_ns, Path(entry.path)))
                     except OSError:
@@ -203,13 +206,16 @@ def find_logs(run_dir: Optional[Path], job_key: str, stdout_pattern: Optional[st
         folder = slurm_dir(run_dir)
         if folder.is_symlink():
             return LogChoice((folder,))
-        found, cut = _scan_logs(folder, (f"{job_key}_*_log.out", f"{job_key}_*_log.err"), caps)
+        prefix = f"{job_key}_"  # submitit's <job>_<rank>_log.out / .err
+        found, cut = _scan_logs(folder, lambda name: name.startswith(prefix) and name.endswith(_LOG_SUFFIXES), caps)
     if not found and stdout_pattern:
         # Slurm filename patterns: %j job id, %A array master id; %t task, %a array index etc. vary -> glob.
         pattern = stdout_pattern.replace("%j", base).replace("%A", base)
         pattern = re.sub(r"%\d*[a-zA-Z]", "*", pattern)
         parent = Path(pattern).parent
-        found, cut = _scan_logs(parent, (Path(pattern).name,), caps) if parent.is_dir() else ([], False)
+        glob = Path(pattern).name
+        found, cut = (_scan_logs(parent, lambda name: fnmatch.fnmatchcase(name, glob), caps) if parent.is_dir()
+                      else ([], False))
     paths, notes = _newest_by_rank(found, caps)
     if cut:
         notes += (over_cap("listing", caps.listing, f"the logs' folder has more entries; looked at the first "

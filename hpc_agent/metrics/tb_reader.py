@@ -42,11 +42,16 @@ class Point:
     value: float
 
 
+_CREATED = re.compile(r"tfevents\.(\d+)")
+_ATTEMPT = re.compile(r"\.attempt(\d+)$")
+_EVENT_PREFIX = EVENT_GLOB.rstrip("*")
+
+
 def file_order_key(name: str) -> Tuple[int, int, str]:
     """Oldest first: the writer's creation time in the name, then ``.attemptN``, then the name."""
-    m = re.search(r"tfevents\.(\d+)", name)
+    m = _CREATED.search(name)
     created = int(m.group(1)) if m else 0
-    a = re.search(r"\.attempt(\d+)$", name)
+    a = _ATTEMPT.search(name)
     attempt = int(a.group(1)) if a else -1
     return (created, attempt, name)
 
@@ -165,10 +170,10 @@ class RunScalars:
         the newest ``event_files`` files by the creation time in their names; the rest is named in
         :meth:`problems` (``capped``), never walked into. Iterative: a tree thousands deep costs no stack."""
         caps = self.caps
-        found: List[Path] = []
+        found: List[Tuple[str, str]] = []  # (name, path): a Path is made only for the files kept
         seen = 0
         self.capped = {}
-        todo = [(folder, 0)]
+        todo = [(str(folder), 0)]
         while todo:
             here, depth = todo.pop()
             try:
@@ -180,25 +185,26 @@ class RunScalars:
                                                               "entries; the rest are not looked at")
                             todo = []
                             break
+                        name = entry.name
                         if entry.is_symlink():
-                            if entry.is_dir() or fnmatch.fnmatch(entry.name, EVENT_GLOB):
-                                self.skipped[entry.path] = (f"{entry.name} is a symbolic link; not following it "
+                            if name.startswith(_EVENT_PREFIX) or entry.is_dir():
+                                self.skipped[entry.path] = (f"{name} is a symbolic link; not following it "
                                                             "out of the run directory")
                         elif entry.is_dir(follow_symlinks=False):
                             if depth + 1 > caps.tb_depth:
                                 self.capped["tb_depth"] = over_cap("tb_depth", caps.tb_depth, "folders deeper under "
                                                                    f"{self.tb_dir} are not walked ({entry.path})")
                             else:
-                                todo.append((Path(entry.path), depth + 1))
-                        elif entry.is_file(follow_symlinks=False) and fnmatch.fnmatch(entry.name, EVENT_GLOB):
-                            found.append(Path(entry.path))
+                                todo.append((entry.path, depth + 1))
+                        elif name.startswith(_EVENT_PREFIX) and entry.is_file(follow_symlinks=False):
+                            found.append((name, entry.path))
             except OSError:
                 continue
         if len(found) > caps.event_files:
             self.capped["event_files"] = over_cap("event_files", caps.event_files, f"{len(found)} event files under "
                                                   f"{self.tb_dir}; read the newest {caps.event_files}")
-            found = heapq.nlargest(caps.event_files, found, key=lambda p: file_order_key(p.name))
-        return found
+            found = heapq.nlargest(caps.event_files, found, key=lambda f: file_order_key(f[0]))
+        return [Path(path) for _, path in found]
 
     def _read_new(self, state: _FileState) -> int:
         from tensorboard.compat.proto import event_pb2
