@@ -18,7 +18,7 @@ from hpc_agent.config.load import load_run_config
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.core import rundir
 from hpc_agent.core.checkpoint_format import complete_steps
-from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps
+from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps, cap_of
 from hpc_agent.diagnosis.alarms import run_alarms
 from hpc_agent.diagnosis.hang import judge
 from hpc_agent.metrics.tb_reader import RunScalars
@@ -163,7 +163,7 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars], caps: 
             alarms = run_alarms(scalars, min_scale)
         except Exception as exc:  # noqa: BLE001 - TensorBoard is evidence, not a reason to stop following
             notes.append(f"TensorBoard events not read ({type(exc).__name__}: {exc})")
-        notes.extend(f"TensorBoard: {p}" for p in scalars.problems())
+        notes.extend(p if cap_of(p) else f"TensorBoard: {p}" for p in scalars.problems())
     try:
         steps = tuple(complete_steps(run_dir))
     except OSError as exc:

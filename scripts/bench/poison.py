@@ -167,59 +167,102 @@ def remove_tree(path: Path) -> None:
     os.rmdir(path)
 
 
-def plant_poison(run_dir: Path, job_id: str, outside: Path, marker: Path, *, rank_logs: int = 1200,
-                 log_bytes: int = 256 << 10, event_files: int = 20_000, tb_depth: int = 2000,
-                 json_depth: int = 100_000, victim_job_id: str = "") -> Dict[str, Any]:
-    """Every poison of issue 42 at once in ``run_dir`` (see the module doc); ``outside`` is a folder out of the
-    run (the linked journal's target), ``marker`` the file the planted ``notify.command`` would create.
-    Returns what was planted (for the benchmark's record)."""
-    from hpc_agent.config.load import build_config, write_run_config
+def plant_rank_logs(run_dir: Path, job_id: str, count: int, log_bytes: int) -> Dict[str, Any]:
+    """``count`` rank logs of ``log_bytes`` each (sparse: they read as text, cost no disk), each ending in a
+    traceback, plus a FIFO and a symbolic link to /dev/zero as the two newest ranks' logs."""
     from hpc_agent.core import rundir
 
-    t0 = time.perf_counter()
     logs = rundir.slurm_dir(run_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    tail = f"[hpc_agent] step 3 loss 2.0\nTraceback (most recent call last):\nRuntimeError: boom on rank {{}}\n"
+    tail = "[hpc_agent] step 3 loss 2.0\nTraceback (most recent call last):\nRuntimeError: boom on rank {}\n"
     old = time.time() - 3600
-    for rank in range(rank_logs):  # sparse: each reads as log_bytes of text, costs no disk
+    for rank in range(count):
         path = logs / f"{job_id}_{rank}_log.out"
         with open(path, "wb") as handle:
             handle.truncate(max(0, log_bytes - 64))
             handle.seek(0, os.SEEK_END)
             handle.write(tail.format(rank).encode())
         os.utime(path, (old + rank, old + rank))
-    fifo = logs / f"{job_id}_{rank_logs}_log.out"
+    fifo = logs / f"{job_id}_{count}_log.out"
     os.mkfifo(fifo)
-    link = logs / f"{job_id}_{rank_logs + 1}_log.out"
-    link.symlink_to("/dev/zero")
-    os.utime(link, follow_symlinks=False)  # the newest: the reader meets them among the ranks it picks
+    link = logs / f"{job_id}_{count + 1}_log.out"
+    link.symlink_to("/dev/zero")  # the newest two: the reader meets them among the ranks it picks
+    return {"rank_logs": count, "log_bytes_each": log_bytes, "fifo_log": fifo.name,
+            "symlink_log": f"{link.name} -> /dev/zero"}
+
+
+def plant_event_files(run_dir: Path, count: int) -> Dict[str, Any]:
+    """``count`` small valid event files in ``tb/``, one per (fake) attempt."""
+    from hpc_agent.core import rundir
 
     tb = rundir.tb_dir(run_dir)
     tb.mkdir(parents=True, exist_ok=True)
     data = event_file_bytes()
-    base = int(time.time()) - event_files
-    for i in range(event_files):
+    base = int(time.time()) - count
+    for i in range(count):
         (tb / f"events.out.tfevents.{base + i}.node1.{i}.attempt{i}").write_bytes(data)
-    _deep_tree(tb / "deep", tb_depth)
+    return {"event_files": count}
 
-    deep = deep_json(json_depth)
+
+def plant_deep_tb(run_dir: Path, depth: int) -> Dict[str, Any]:
+    """A folder chain ``depth`` levels deep under ``tb/`` (a recursive walk dies of RecursionError)."""
+    from hpc_agent.core import rundir
+
+    _deep_tree(rundir.tb_dir(run_dir) / "deep", depth)
+    return {"tb_depth": depth}
+
+
+def plant_deep_json(run_dir: Path, outside: Path, depth: int, victim_job_id: str) -> Dict[str, Any]:
+    """A ``depth``-deep JSON line in events.jsonl, and a ``journal/`` that is a symbolic link to ``outside``,
+    whose in_job.jsonl holds a repair forged for ``victim_job_id`` and the same deep line."""
+    from hpc_agent.core import rundir
+
+    deep = deep_json(depth)
     rundir.events_path(run_dir).write_text(json.dumps({"seq": 1, "run_id": run_dir.name}) + "\n" + deep + "\n")
     journal = outside / "journal"
     journal.mkdir(parents=True, exist_ok=True)
-    forged = {"seq": 1, "job_id": victim_job_id or job_id, "attempt": 0, "cause": "gpu_oom", "action": "in_job_repair",
+    forged = {"seq": 1, "job_id": victim_job_id, "attempt": 0, "cause": "gpu_oom", "action": "in_job_repair",
               "reason": "forged from another run", "patch": {"train.micro_batch_size": 1}}
     (journal / "in_job.jsonl").write_text(json.dumps(forged) + "\n" + deep + "\n")
     linked = rundir.in_job_journal_path(run_dir).parent
     if linked.is_dir() and not linked.is_symlink():
         shutil.rmtree(linked)
     linked.symlink_to(journal, target_is_directory=True)
+    return {"json_depth": depth, "journal_dir": f"symbolic link to {journal}"}
+
+
+def plant_bad_run_json(run_dir: Path) -> Dict[str, Any]:
+    """run.json with the wrong type in every field the readers use."""
+    from hpc_agent.core import rundir
 
     rundir.run_json_path(run_dir).write_text(json.dumps({"run_id": ["not", "a", "string"], "job_ids": 5,
                                                          "workdir": {"not": "a path"}, "submitted_at": [1, 2],
                                                          "tb_dir": 7, "log_paths": {"x": None}}))
-    cfg = build_config([{"run": {"name": run_dir.name}, "notify": {"command": ["touch", str(marker)]}}])
-    write_run_config(run_dir, cfg)
-    return {"rank_logs": rank_logs, "log_bytes_each": log_bytes, "event_files": event_files, "tb_depth": tb_depth,
-            "json_depth": json_depth, "fifo_log": fifo.name, "symlink_log": f"{link.name} -> /dev/zero",
-            "journal_dir": f"symbolic link to {journal}", "run_json": "wrong types in every field",
-            "config_notify_command": ["touch", str(marker)], "plant_s": round(time.perf_counter() - t0, 2)}
+    return {"run_json": "wrong types in every field"}
+
+
+def plant_notify_config(run_dir: Path, marker: Path) -> Dict[str, Any]:
+    """A valid config.yaml whose ``notify.command`` is ``touch MARKER``: the marker says whether it ran."""
+    from hpc_agent.config.load import build_config, write_run_config
+
+    write_run_config(run_dir, build_config([{"run": {"name": run_dir.name},
+                                             "notify": {"command": ["touch", str(marker)]}}]))
+    return {"config_notify_command": ["touch", str(marker)]}
+
+
+def plant_poison(run_dir: Path, job_id: str, outside: Path, marker: Path, *, rank_logs: int = 1200,
+                 log_bytes: int = 256 << 10, event_files: int = 20_000, tb_depth: int = 2000,
+                 json_depth: int = 100_000, victim_job_id: str = "") -> Dict[str, Any]:
+    """Every poison of issue 42 at once in ``run_dir`` (see the module doc); ``outside`` is a folder out of the
+    run (the linked journal's target), ``marker`` the file the planted ``notify.command`` would create.
+    Returns what was planted (for the benchmark's record)."""
+    t0 = time.perf_counter()
+    planted: Dict[str, Any] = {}
+    planted.update(plant_rank_logs(run_dir, job_id, rank_logs, log_bytes))
+    planted.update(plant_event_files(run_dir, event_files))
+    planted.update(plant_deep_tb(run_dir, tb_depth))
+    planted.update(plant_deep_json(run_dir, outside, json_depth, victim_job_id or job_id))
+    planted.update(plant_bad_run_json(run_dir))
+    planted.update(plant_notify_config(run_dir, marker))
+    planted["plant_s"] = round(time.perf_counter() - t0, 2)
+    return planted

@@ -58,22 +58,23 @@ PENDING_EVERY = 10  # one run in ten is queued, the rest run
 # --- pure helpers (tests/unit/test_bench_watch_load.py) ----------------------------------------------------------
 def synthetic_sacct(job_ids: Sequence[str], fields: Sequence[str] = SACCT_FIELDS,
                     pending_every: int = PENDING_EVERY, failed: Sequence[str] = (),
-                    submitted: Optional[str] = None) -> str:
+                    submitted: Optional[str] = None, completed: Sequence[str] = ()) -> str:
     """A ``sacct --parsable2`` answer for these jobs: an allocation row each (RUNNING, or PENDING for every
-    ``pending_every``-th, 0: none; FAILED with exit 1 for the ids in ``failed``) plus batch and step rows for
+    ``pending_every``-th, 0: none; FAILED with exit 1 for the ids in ``failed``, COMPLETED for those in
+    ``completed``) plus batch and step rows for
     the started ones, as sacct prints them."""
     lines = ["|".join(fields)]
     submitted = submitted or time.strftime("%Y-%m-%dT%H:%M:%S")
-    ended = set(failed)
+    ended, done = set(failed), set(completed)
     for i, job in enumerate(job_ids):
         pending = bool(pending_every) and i % pending_every == pending_every - 1 and job not in ended
-        state = "FAILED" if job in ended else "PENDING" if pending else "RUNNING"
+        state = "FAILED" if job in ended else "COMPLETED" if job in done else "PENDING" if pending else "RUNNING"
         # The name and submit time of the run's own job (hpc_agent/slurm/job_match.py ignores another job's records).
         base = {"JobID": job, "JobName": f"hpc_agent:load-{int(job) - FIRST_JOB_ID:05d}",
                 "ExitCode": "1:0" if job in ended else "0:0", "Elapsed": "00:10:00", "Submit": submitted,
                 "State": state, "NodeList": "None assigned" if pending else "node1",
                 "Start": "Unknown" if pending else "2026-11-30T10:00:00",
-                "End": submitted if job in ended else "Unknown"}
+                "End": submitted if job in ended | done else "Unknown"}
         lines.append("|".join(base.get(f, "") for f in fields))
         if not pending:
             for step, name in (("batch", "batch"), ("0", "python")):
@@ -205,12 +206,14 @@ POISON_TARGET_RATIO = 2.0  # the poisoned tick may take at most this many times 
 
 
 class SyntheticSlurm:
-    """No real Slurm: ``sacct`` answers every id (RUNNING, or FAILED for the ids in ``failed``) from a text built
+    """No real Slurm: ``sacct`` answers every id (RUNNING; FAILED or COMPLETED for the ids in ``failed`` or
+    ``completed``) from a text built
     once per state (so the watcher's attempt cache sees what it would see on a quiet cluster), ``squeue`` says
     'not queued'; every command is counted by name."""
 
     def __init__(self) -> None:
         self.failed: set = set()
+        self.completed: set = set()
         self.calls: Counter = Counter()
         self.submitted = time.strftime("%Y-%m-%dT%H:%M:%S")
         self._answers: Dict[tuple, str] = {}
@@ -219,10 +222,10 @@ class SyntheticSlurm:
               as_json: bool = False) -> str:
         ids = list(job_ids)
         self.calls["sacct"] += 1
-        key = (tuple(ids), tuple(fields), tuple(sorted(self.failed)))
+        key = (tuple(ids), tuple(fields), tuple(sorted(self.failed)), tuple(sorted(self.completed)))
         if key not in self._answers:
             self._answers[key] = synthetic_sacct(ids, fields, pending_every=0, failed=sorted(self.failed),
-                                                 submitted=self.submitted)
+                                                 submitted=self.submitted, completed=sorted(self.completed))
         return self._answers[key]
 
     def run(self, argv: Sequence[str], check: bool = True, timeout_s: float | None = None):
