@@ -8,7 +8,7 @@ that :func:`beat_all` rewrites before each tick (the watcher judges every runnin
 ``heartbeat_s / 2``: the busy path, not the idle one of empty run dirs).
 
 The poison (:func:`plant_poison`), everything a job or a group member can write into a run directory:
-thousands of rank logs (sparse files: each reads as ``log_bytes`` of text), tens of thousands of TensorBoard
+thousands of rank logs (hard links to one file of ``log_bytes`` of step lines), tens of thousands of TensorBoard
 event files, a tb/ folder tree thousands of levels deep, a 100000-deep JSON line in ``events.jsonl`` and in the
 in-job journal, wrong types in ``run.json``, a ``config.yaml`` that names a ``notify.command`` (a harmless
 ``touch MARKER``: whether the marker appears says whether the watcher ran it), a FIFO and a symbolic link to
@@ -168,26 +168,27 @@ def remove_tree(path: Path) -> None:
 
 
 def plant_rank_logs(run_dir: Path, job_id: str, count: int, log_bytes: int) -> Dict[str, Any]:
-    """``count`` rank logs of ``log_bytes`` each (sparse: they read as text, cost no disk), each ending in a
-    traceback, plus a FIFO and a symbolic link to /dev/zero as the two newest ranks' logs."""
+    """``count`` rank logs of ``log_bytes`` of step lines each, ending in a traceback (hard links to one file:
+    each reads as a full log and costs no disk), plus a FIFO and a symbolic link to /dev/zero as the two newest
+    ranks' logs."""
     from hpc_agent.core import rundir
 
     logs = rundir.slurm_dir(run_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    tail = "[hpc_agent] step 3 loss 2.0\nTraceback (most recent call last):\nRuntimeError: boom on rank {}\n"
+    line = "[hpc_agent] step 3 loss 2.0000 lr 1.0e-04 samples/s 812.5 step_time_s 0.512 mem_gb 61.2\n"
+    tail = "Traceback (most recent call last):\nRuntimeError: boom\n"
+    body = line * max(0, (log_bytes - len(tail)) // len(line)) + tail
+    first = logs / f"{job_id}_0_log.out"
+    first.write_text(body)
     old = time.time() - 3600
-    for rank in range(count):
-        path = logs / f"{job_id}_{rank}_log.out"
-        with open(path, "wb") as handle:
-            handle.truncate(max(0, log_bytes - 64))
-            handle.seek(0, os.SEEK_END)
-            handle.write(tail.format(rank).encode())
-        os.utime(path, (old + rank, old + rank))
+    os.utime(first, (old, old))
+    for rank in range(1, count):
+        os.link(first, logs / f"{job_id}_{rank}_log.out")
     fifo = logs / f"{job_id}_{count}_log.out"
     os.mkfifo(fifo)
     link = logs / f"{job_id}_{count + 1}_log.out"
     link.symlink_to("/dev/zero")  # the newest two: the reader meets them among the ranks it picks
-    return {"rank_logs": count, "log_bytes_each": log_bytes, "fifo_log": fifo.name,
+    return {"rank_logs": count, "log_bytes_each": len(body), "fifo_log": fifo.name,
             "symlink_log": f"{link.name} -> /dev/zero"}
 
 

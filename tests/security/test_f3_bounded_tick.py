@@ -4,7 +4,8 @@ bounded time and memory, is reported, and is not followed into; the other runs g
 The attack as the issue states it: 1000 rank logs of 256 KiB (the watcher held 250 MiB), 3000 of them (one tick
 took 460 s and 798 MB), ``diagnose`` on 2000 logs (past 2 GB), 20k event files under ``tb/`` (``review``: 27 s,
 447 MB), plus a tb/ tree thousands of levels deep. The files are built by ``scripts/bench/poison.py`` (the load
-benchmark's poison); rank logs are sparse, so they read as text but cost no disk. Each command runs in a
+benchmark's poison); rank logs are hard links to one file of step lines, so each reads as a full log but
+costs no disk. Each command runs in a
 subprocess whose peak RSS is measured (``RUSAGE_CHILDREN`` of a driver that runs only it).
 """
 from __future__ import annotations
