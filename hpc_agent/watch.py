@@ -203,7 +203,8 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
     watcher = Watcher(ledger, slurm, runs_root=runs_root, dry_run=args.dry_run, executor=args.executor,
                       pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)), lease=lease,
                       intent_grace_s=args.intent_grace, notify=getattr(args, "notify_default", None),
-                      caps=args.read_caps, out=log.info)  # its lines are progress (decisions are in events.jsonl): -q silences them
+                      caps=args.read_caps,
+                      out=log.info)  # its lines are progress (decisions are in events.jsonl): -q silences them
     log.info(f"[watch] following {runs_root} every {args.interval:g} s; ledger journal {ledger.journal_mode[0]} "
              f"({ledger.journal_mode[1]})" + (" (dry run: acting on nothing)" if args.dry_run else ""))
     try:

@@ -165,8 +165,9 @@ def _newest_by_rank(found: List[Tuple[int, Path]], caps: ReadCaps) -> Tuple[List
     notes: Tuple[str, ...] = ()
     if len(ranks) > caps.rank_logs:
         kept = heapq.nlargest(caps.rank_logs, ranks, key=lambda r: (max(m for m, _ in ranks[r]), -r))
+        picked = ", ".join(map(str, sorted(kept)))
         notes = (over_cap("rank_logs", caps.rank_logs, f"{len(ranks)} ranks have logs; read the newest "
-                                                        f"{caps.rank_logs} by mtime (ranks {', '.join(map(str, sorted(kept)))})"),)
+                                                        f"{caps.rank_logs} by mtime (ranks {picked})"),)
         ranks = {r: ranks[r] for r in kept}
     return sorted((p for files in ranks.values() for _, p in files), key=_rank_order), notes
 

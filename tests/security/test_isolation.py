@@ -89,7 +89,8 @@ def test_a_run_that_raises_anywhere_is_parked_and_the_others_go_on(tmp_path, mon
     report = watcher.tick()  # the watcher stays up: no exception leaves tick()
 
     assert ledger.run("a").phase == "needs_attention"
-    reasons = [r.get("reason", "") for _, _, r in Journal(ledger).audit_records("a") if r.get("action") == "needs_attention"]
+    reasons = [r.get("reason", "") for _, _, r in Journal(ledger).audit_records("a")
+               if r.get("action") == "needs_attention"]
     assert reasons and type(exc).__name__ in reasons[-1]  # parked through the lifecycle, the reason audited
     assert any("a: needs attention" in line and type(exc).__name__ in line for line in out)
     # the others were followed on the same tick: requeued by Slurm, expedited by the watcher
