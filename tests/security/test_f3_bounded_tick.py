@@ -221,3 +221,22 @@ def test_the_newest_ranks_are_read_and_a_listing_is_cut(work):
     texts = list(rundir.tail_logs(choice.paths, 1 << 10, ReadCaps(run_bytes=3 << 10)))
     assert [type(t).__name__ for _, t in texts] == ["LogText"] * 3 + ["str"]
     assert "over the read cap run_bytes" in texts[-1][1]
+
+
+def test_event_records_past_the_byte_cap_wait_for_the_next_read(work):
+    """tb_bytes: one read stops taking new files once the run's event bytes are spent, and says so; the next read
+    (the watcher's reader is incremental) goes on where it stopped, so nothing is lost, only spread over ticks."""
+    from hpc_agent.core.read_caps import ReadCaps
+    from hpc_agent.metrics.tb_reader import RunScalars
+
+    run_dir = _one_run(work)
+    poison.plant_event_files(run_dir, 6)
+    size = len(poison.event_file_bytes())
+    reader = RunScalars(run_dir / "tb", tags=("train/loss",), caps=ReadCaps(tb_bytes=2 * size))
+    reads = []
+    for _ in range(4):
+        reader.update()
+        reads.append((len(reader.raw("train/loss")), "tb_bytes" in reader.capped))
+    assert reads[0][1] and 0 < reads[0][0] < 6  # cut, and said
+    assert reads[-1] == (6, False)  # every file read in the end, the cap no longer met
+    assert [n for n, _ in reads] == sorted(n for n, _ in reads)
