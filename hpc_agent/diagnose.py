@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.cli import exit_status
-from hpc_agent.cli.flags import add_common_arguments, configure
+from hpc_agent.cli.flags import add_common_arguments, add_read_cap_argument, configure
 from hpc_agent.config.load import RUNS_ENV, load_run_config, patch_as_overrides
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.schema import Config
 from hpc_agent.core import rundir
 from hpc_agent.core.causes import ADVICE, SUMMARY, Cause
-from hpc_agent.core.rundir import LogText, find_logs, tail_log
+from hpc_agent.core.rundir import LogText, find_logs, tail_logs
 from hpc_agent.diagnosis.alarms import LOSS_SCALE_TAG, LOSS_TAG, run_alarms
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.metrics.alarm_kinds import Alarm
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tail-bytes", type=int, default=DEFAULT_TAIL_BYTES,
                         help="bytes read from the end of each log (default 1 MiB)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_read_cap_argument(parser)
     ssh.add_arguments(parser)  # --remote USER@LOGIN: diagnose on the login node over ssh (docs/remote.md)
     return add_common_arguments(parser, slurm=True)
 
@@ -240,6 +241,7 @@ class Inputs:
     config_source: str = "schema defaults (run directory not found)"
     run_dir: Optional[Path] = None
     attempt_start: Optional[float] = None  # sacct's Start of the newest attempt (a live job's hang verdict)
+    notes: List[str] = field(default_factory=list)  # the read caps met (hpc_agent/core/read_caps.py): not read
 
 
 def _read_sacct(args: argparse.Namespace) -> Tuple[str, Optional[str], Any]:
@@ -286,15 +288,19 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     elif job_id and (runs_root / "ledger.sqlite").exists():
         found.run_dir = _run_dir_from_ledger(runs_root, job_key_of(job_id))
 
+    caps = args.read_caps
     paths = [Path(p) for p in args.log]
     if not paths and job_id:
         stdout = _stdout_from_scontrol(cli, job_id) if cli is not None and found.run_dir is None else None
-        paths = find_logs(found.run_dir, job_key_of(job_id), stdout)
-    for path in paths:
-        try:
-            found.logs.append(tail_log(path, args.tail_bytes))
-        except OSError as exc:
-            raise UsageError(f"cannot read log {path}: {exc.strerror or exc}")
+        choice = find_logs(found.run_dir, job_key_of(job_id), stdout, caps)
+        paths, found.notes = list(choice.paths), list(choice.notes)
+    for path, got in tail_logs(paths, args.tail_bytes, caps):
+        if isinstance(got, str):
+            found.notes.append(got)
+        elif isinstance(got, OSError):
+            raise UsageError(f"cannot read log {path}: {got.strerror or got}")
+        else:
+            found.logs.append(got)
 
     snapshot = rundir.config_path(found.run_dir) if found.run_dir is not None else None
     if snapshot is not None and snapshot.exists():
@@ -307,9 +313,10 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     if args.tb and not tb_dir.is_dir():
         raise UsageError(f"--tb {args.tb} is not a directory")
     if tb_dir is not None and tb_dir.is_dir():
-        scalars = RunScalars(tb_dir, tags=(LOSS_TAG, LOSS_SCALE_TAG))
+        scalars = RunScalars(tb_dir, tags=(LOSS_TAG, LOSS_SCALE_TAG), caps=caps)
         scalars.update()
         found.alarms = run_alarms(scalars, found.cfg.train.min_loss_scale)
+        found.notes.extend(scalars.capped.values())
     return found
 
 
@@ -338,6 +345,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report["run_dir"] = str(found.run_dir) if found.run_dir else None
     report["config"] = found.config_source  # where the decision's numbers (batch, --mem, lr) came from
     report["logs"] = [log.name for log in found.logs]
+    report["evidence"].extend(found.notes)  # what the read caps left out, so a cut reading is never silent
     if report["cause"] == Cause.RUNNING.value and found.run_dir is not None:
         from hpc_agent.runs.history import live_status  # as review shows it: time since the last step, a hang verdict
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.cli import exit_status
-from hpc_agent.cli.flags import add_common_arguments, parse
+from hpc_agent.cli.flags import add_common_arguments, add_read_cap_argument, parse
 from hpc_agent.core import rundir
+from hpc_agent.core.read_caps import cap_of
 from hpc_agent.remote import ssh
 from hpc_agent.runs.history import find_runs, review_run
 from hpc_agent.runs.liveness import describe
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pull", metavar="DIR", help="with --remote: mirror the run's TensorBoard files into DIR "
                    "(only new bytes each time), then review, --plot or --serve the mirror here (docs/remote.md)")
     p.add_argument("--export-tb", action="store_true", help=argparse.SUPPRESS)  # the login-node half of --pull
+    add_read_cap_argument(p)
     ssh.add_arguments(p)
     return add_common_arguments(p)
 
@@ -217,11 +219,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not run_dirs:
         print(f"review: no runs under {path} (no {', '.join(rundir.MARKERS)})", file=sys.stderr)
         return EXIT_USAGE
-    runs = [review_run(d, runs_root) for d in run_dirs]
+    runs = [review_run(d, runs_root, caps=args.read_caps) for d in run_dirs]
     if args.json:
         print(json.dumps({"runs": [public(r) for r in runs]}, indent=2, default=str))
     else:
         render_table(runs)
+        for r in runs:  # a run over a read cap (hpc_agent/core/read_caps.py) is said, never silently cut
+            for note in r.get("notes", ()):
+                if cap_of(note):
+                    print(f"review: {r['run_id']}: {note}", file=sys.stderr)
     if args.plot:
         out = plot_runs(runs, Path(args.plot))
         if not args.json:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from hpc_agent.cli import exit_status
-from hpc_agent.cli.flags import add_common_arguments, configure
+from hpc_agent.cli.flags import add_common_arguments, add_read_cap_argument, configure
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.core import handback
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"accept a group-writable runs root (a project directory shared on purpose; also "
                              f"{filemodes.SHARED_ROOT_ENV}=1): the watcher then acts only on run directories this user "
                              f"owns and nobody else can write (docs/security.md)")
+    add_read_cap_argument(parser)  # --read-cap rank_logs=N ...: how much of a run dir one tick reads
     notifier.add_arguments(parser)  # --notify-webhook/--notify-command: the runs-root default (docs/notifications.md)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--pause", action="store_true",
@@ -212,6 +213,7 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
     watcher = Watcher(ledger, slurm, runs_root=runs_root, dry_run=args.dry_run, executor=args.executor,
                       pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)), lease=lease,
                       intent_grace_s=args.intent_grace, notify=getattr(args, "notify_default", None),
+                      caps=args.read_caps,
                       out=log.info)  # its lines are progress (decisions are in events.jsonl): -q silences them
     log.info(f"[watch] following {runs_root} every {args.interval:g} s; ledger journal {ledger.journal_mode[0]} "
              f"({ledger.journal_mode[1]})" + (" (dry run: acting on nothing)" if args.dry_run else ""))

@@ -105,3 +105,25 @@ def passthrough(args: argparse.Namespace) -> List[str]:
     if getattr(args, "quiet", False):
         return ["-q"]
     return ["-v"] * int(getattr(args, "verbose", 0) or 0)
+
+
+class _ReadCapAction(argparse.Action):
+    """``--read-cap KEY=N``, repeatable: each one applied to ``args.read_caps`` (a ReadCaps)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            setattr(namespace, self.dest, getattr(namespace, self.dest).with_overrides([values]))
+        except ValueError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+
+
+def add_read_cap_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--read-cap KEY=N`` (repeatable) -> ``args.read_caps``: how much of each run directory the command reads
+    (hpc_agent/core/read_caps.py, one docstring per cap; e.g. ``--read-cap rank_logs=32``)."""
+    from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps
+
+    names = ", ".join(ReadCaps.__dataclass_fields__)
+    parser.add_argument("--read-cap", dest="read_caps", action=_ReadCapAction, default=DEFAULT_CAPS, metavar="KEY=N",
+                        help=f"cap on what is read of each run directory (repeatable; KEY: {names}; defaults: "
+                             f"rank_logs={DEFAULT_CAPS.rank_logs}, event_files={DEFAULT_CAPS.event_files})")
+    return parser

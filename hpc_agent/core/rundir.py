@@ -32,15 +32,18 @@ What hpc_agent writes here is created ``0600``/``0700`` (see ``hpc_agent.core.fi
 from __future__ import annotations
 
 import errno
+import fnmatch
+import heapq
 import json
 import os
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from hpc_agent.core import heartbeat_format
+from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps, over_cap
 
 CONFIG = "config.yaml"
 PAUSE_FILE = "watch.paused"
@@ -146,26 +149,101 @@ def _rank_order(path: Path) -> Tuple[int, str]:
     return (int(m.group(1)) if m else 1 << 30, path.name)
 
 
-def find_logs(run_dir: Optional[Path], job_key: str, stdout_pattern: Optional[str] = None) -> List[Path]:
+_LOG_SUFFIXES = ("_log.out", "_log.err")
+
+
+@dataclass(frozen=True)
+class LogChoice:
+    """The logs :func:`find_logs` picked, by rank, and what was left out (``notes``: the caps it met)."""
+
+    paths: Tuple[Path, ...]
+    notes: Tuple[str, ...] = ()
+
+
+def _newest_by_rank(found: List[Tuple[int, Path]], caps: ReadCaps) -> Tuple[List[Path], Tuple[str, ...]]:
+    """The logs of the ``caps.rank_logs`` ranks whose newest file is newest (``found``: (mtime_ns, path))."""
+    ranks: Dict[int, List[Tuple[int, Path]]] = {}
+    for mtime, path in found:
+        ranks.setdefault(_rank_order(path)[0], []).append((mtime, path))
+    notes: Tuple[str, ...] = ()
+    if len(ranks) > caps.rank_logs:
+        kept = heapq.nlargest(caps.rank_logs, ranks, key=lambda r: (max(m for m, _ in ranks[r]), -r))
+        picked = ", ".join(map(str, sorted(kept)))
+        notes = (over_cap("rank_logs", caps.rank_logs, f"{len(ranks)} ranks have logs; read the newest "
+                                                        f"{caps.rank_logs} by mtime (ranks {picked})"),)
+        ranks = {r: ranks[r] for r in kept}
+    return sorted((p for files in ranks.values() for _, p in files), key=_rank_order), notes
+
+
+def _scan_logs(folder: Path, match: Callable[[str], bool], caps: ReadCaps) -> Tuple[List[Tuple[int, Path]], bool]:
+    """(mtime_ns, path) of the entries of ``folder`` whose name ``match`` accepts, one ``lstat`` each, and
+    whether the listing stopped at ``caps.listing`` entries."""
+    found: List[Tuple[int, Path]] = []
+    try:
+        with os.scandir(folder) as entries:
+            for seen, entry in enumerate(entries):
+                if seen >= caps.listing:
+                    return found, True
+                if match(entry.name):
+                    try:
+                        found.append((entry.stat(follow_symlinks=False).st_mtime_ns, Path(entry.path)))
+                    except OSError:
+                        continue
+    except OSError:
+        pass
+    return found, False
+
+
+def find_logs(run_dir: Optional[Path], job_key: str, stdout_pattern: Optional[str] = None,
+              caps: ReadCaps = DEFAULT_CAPS) -> LogChoice:
     """The job's logs: ``<run dir>/slurm/<jobid>_<rank>_log.out`` (submitit's layout), else the StdOut path.
 
-    Links are not followed out of the run directory: a ``slurm/`` that is a link is returned itself (not
-    searched), and a log that is a link is returned as found, so that the reader (:func:`tail_log`)
-    refuses either with :class:`UnsafeFile` naming it."""
-    found: List[Path] = []
+    Within ``caps`` (hpc_agent/core/read_caps.py): at most ``caps.listing`` entries of the folder are looked at
+    and the logs of the newest ``caps.rank_logs`` ranks by mtime are returned; what was left out is in
+    :attr:`LogChoice.notes`. Links are not followed out of the run directory: a ``slurm/`` that is a link is
+    returned itself (not searched), and a log that is a link is returned as found, so that the reader
+    (:func:`tail_log`) refuses either with :class:`UnsafeFile` naming it."""
+    found: List[Tuple[int, Path]] = []
+    cut = False
     base = job_key.split("_")[0]
     if run_dir is not None:
         folder = slurm_dir(run_dir)
         if folder.is_symlink():
-            return [folder]
-        found = sorted({*folder.glob(f"{job_key}_*_log.out"), *folder.glob(f"{job_key}_*_log.err")}, key=_rank_order)
+            return LogChoice((folder,))
+        prefix = f"{job_key}_"  # submitit's <job>_<rank>_log.out / .err
+        found, cut = _scan_logs(folder, lambda name: name.startswith(prefix) and name.endswith(_LOG_SUFFIXES), caps)
     if not found and stdout_pattern:
         # Slurm filename patterns: %j job id, %A array master id; %t task, %a array index etc. vary -> glob.
         pattern = stdout_pattern.replace("%j", base).replace("%A", base)
         pattern = re.sub(r"%\d*[a-zA-Z]", "*", pattern)
         parent = Path(pattern).parent
-        found = sorted(parent.glob(Path(pattern).name), key=_rank_order) if parent.is_dir() else []
-    return found
+        glob = Path(pattern).name
+        found, cut = (_scan_logs(parent, lambda name: fnmatch.fnmatchcase(name, glob), caps) if parent.is_dir()
+                      else ([], False))
+    paths, notes = _newest_by_rank(found, caps)
+    if cut:
+        notes += (over_cap("listing", caps.listing, f"the logs' folder has more entries; looked at the first "
+                                                    f"{caps.listing}"),)
+    return LogChoice(tuple(paths), notes)
+
+
+def tail_logs(paths: Sequence[Path], tail_bytes: int, caps: ReadCaps = DEFAULT_CAPS
+              ) -> Iterator[Tuple[Path, Union[LogText, OSError, str]]]:
+    """Each log's tail (:func:`tail_log`, at most ``tail_bytes``), or the OSError that refused it, while the
+    run's ``caps.run_bytes`` last; then, if logs were left unread, ``(path, note)`` once for the first of them."""
+    left = caps.run_bytes
+    for i, path in enumerate(paths):
+        if left <= 0:
+            yield path, over_cap("run_bytes", caps.run_bytes, f"{len(paths) - i} log(s) not read, the run's "
+                                                              "log bytes are spent")
+            return
+        try:
+            log = tail_log(path, min(tail_bytes, left))
+        except OSError as exc:
+            yield path, exc
+            continue
+        left -= min(tail_bytes, left)
+        yield path, log
 
 
 # --- bounded, regular-file-only reads -------------------------------------------------------------------

@@ -16,12 +16,15 @@ the run directory: it is skipped and named in :meth:`RunScalars.problems`.
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import os
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps, over_cap
 
 EVENT_GLOB = "events.out.tfevents.*"
 """The event files' names: ``launch/tblog.py`` writes them, this module reads them."""
@@ -39,11 +42,16 @@ class Point:
     value: float
 
 
+_CREATED = re.compile(r"tfevents\.(\d+)")
+_ATTEMPT = re.compile(r"\.attempt(\d+)$")
+_EVENT_PREFIX = EVENT_GLOB.rstrip("*")
+
+
 def file_order_key(name: str) -> Tuple[int, int, str]:
     """Oldest first: the writer's creation time in the name, then ``.attemptN``, then the name."""
-    m = re.search(r"tfevents\.(\d+)", name)
+    m = _CREATED.search(name)
     created = int(m.group(1)) if m else 0
-    a = re.search(r"\.attempt(\d+)$", name)
+    a = _ATTEMPT.search(name)
     attempt = int(a.group(1)) if a else -1
     return (created, attempt, name)
 
@@ -81,8 +89,11 @@ class _FileState:
 class RunScalars:
     """Scalars of one run directory (``<run_dir>/tb``), read incrementally."""
 
-    def __init__(self, tb_dir, tags: Optional[Sequence[str]] = None):
+    def __init__(self, tb_dir, tags: Optional[Sequence[str]] = None, caps: ReadCaps = DEFAULT_CAPS):
         self.tb_dir = Path(tb_dir)
+        self.caps = caps
+        self.capped: Dict[str, str] = {}
+        """The caps the last :meth:`update` met (cap name -> note): what is beyond them was not read."""
         self._wanted = set(tags) if tags is not None else None
         self._files: Dict[str, _FileState] = {}
         self._series_cache: Dict[str, List[Point]] = {}
@@ -110,8 +121,13 @@ class RunScalars:
             del self._files[key]
             changed = True
         new_points = 0
+        budget = self.bytes_read + self.caps.tb_bytes
         for path in paths:
             key = str(path)
+            if self.bytes_read >= budget:  # the rest on the next update (size_seen is left as it was)
+                self.capped["tb_bytes"] = over_cap("tb_bytes", self.caps.tb_bytes, "event records left for the next "
+                                                   f"read under {self.tb_dir}")
+                break
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
@@ -149,22 +165,46 @@ class RunScalars:
 
     def _event_files(self, folder: Path) -> List[Path]:
         """Regular event files under ``folder``, walked without following a link: a symbolic link (to a
-        file or a folder) is skipped and noted in :meth:`problems`, since it can point out of the run dir."""
-        found: List[Path] = []
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            return found
-        for entry in entries:
-            if entry.is_symlink():
-                if entry.is_dir() or fnmatch.fnmatch(entry.name, EVENT_GLOB):
-                    self.skipped[entry.path] = (f"{entry.name} is a symbolic link; not following it out of the "
-                                                "run directory")
-            elif entry.is_dir(follow_symlinks=False):
-                found += self._event_files(Path(entry.path))
-            elif entry.is_file(follow_symlinks=False) and fnmatch.fnmatch(entry.name, EVENT_GLOB):
-                found.append(Path(entry.path))
-        return found
+        file or a folder) is skipped and noted in :meth:`problems`, since it can point out of the run dir.
+        Within the caps (hpc_agent/core/read_caps.py): ``tb_depth`` folder levels, ``listing`` entries in all,
+        the newest ``event_files`` files by the creation time in their names; the rest is named in
+        :meth:`problems` (``capped``), never walked into. Iterative: a tree thousands deep costs no stack."""
+        caps = self.caps
+        found: List[Tuple[str, str]] = []  # (name, path): a Path is made only for the files kept
+        seen = 0
+        self.capped = {}
+        todo = [(str(folder), 0)]
+        while todo:
+            here, depth = todo.pop()
+            try:
+                with os.scandir(here) as it:
+                    for entry in it:
+                        seen += 1
+                        if seen > caps.listing:
+                            self.capped["listing"] = over_cap("listing", caps.listing, f"{self.tb_dir} holds more "
+                                                              "entries; the rest are not looked at")
+                            todo = []
+                            break
+                        name = entry.name
+                        if entry.is_symlink():
+                            if name.startswith(_EVENT_PREFIX) or entry.is_dir():
+                                self.skipped[entry.path] = (f"{name} is a symbolic link; not following it "
+                                                            "out of the run directory")
+                        elif entry.is_dir(follow_symlinks=False):
+                            if depth + 1 > caps.tb_depth:
+                                self.capped["tb_depth"] = over_cap("tb_depth", caps.tb_depth, "folders deeper under "
+                                                                   f"{self.tb_dir} are not walked ({entry.path})")
+                            else:
+                                todo.append((entry.path, depth + 1))
+                        elif name.startswith(_EVENT_PREFIX) and entry.is_file(follow_symlinks=False):
+                            found.append((name, entry.path))
+            except OSError:
+                continue
+        if len(found) > caps.event_files:
+            self.capped["event_files"] = over_cap("event_files", caps.event_files, f"{len(found)} event files under "
+                                                  f"{self.tb_dir}; read the newest {caps.event_files}")
+            found = heapq.nlargest(caps.event_files, found, key=lambda f: file_order_key(f[0]))
+        return [Path(path) for _, path in found]
 
     def _read_new(self, state: _FileState) -> int:
         from tensorboard.compat.proto import event_pb2
@@ -215,7 +255,7 @@ class RunScalars:
         """The event files that stopped being read, and why (shown in the audit trail, never raised). Bytes
         after the last complete record count too: for an ended job that is a torn or corrupt tail (while a
         job still writes, it can be a record half written)."""
-        out = [self.skipped[key] for key in sorted(self.skipped)]
+        out = [self.skipped[key] for key in sorted(self.skipped)] + [self.capped[k] for k in sorted(self.capped)]
         for s in self._ordered_files():
             if s.corrupt:
                 out.append(s.corrupt)

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_agent.config.load import load_run_config
 from hpc_agent.core import rundir
+from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps
 from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
 from hpc_agent.runs.liveness import read_live
 from hpc_agent.runs.plot import boundary_labels, in_job_markers, is_notice
@@ -35,9 +36,9 @@ def attempt_of(file_name: str) -> Optional[int]:
 class Scalars:
     """The run's TensorBoard scalars through the incremental reader; an absent ``tb/`` reads as empty."""
 
-    def __init__(self, tb_dir: Path):
+    def __init__(self, tb_dir: Path, caps: ReadCaps = DEFAULT_CAPS):
         # a tb/ that is a link is handed to the reader too: it refuses it and says so in problems()
-        self._rs = RunScalars(tb_dir) if tb_dir.is_dir() or tb_dir.is_symlink() else None
+        self._rs = RunScalars(tb_dir, caps=caps) if tb_dir.is_dir() or tb_dir.is_symlink() else None
         if self._rs is not None:
             self._rs.update()
 
@@ -154,8 +155,10 @@ def live_status(run_dir: Path, phase: str, now: float, attempt_started_at: Optio
 
 
 # --- one run ----------------------------------------------------------------------------------------------
-def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[float] = None) -> Dict[str, Any]:
-    """Everything the table, the JSON and the plot show for one run."""
+def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[float] = None,
+               caps: ReadCaps = DEFAULT_CAPS) -> Dict[str, Any]:
+    """Everything the table, the JSON and the plot show for one run; its TensorBoard files read within ``caps``
+    (what is beyond them is in ``notes``)."""
     run_dir = Path(run_dir)
     runs_root = Path(runs_root) if runs_root else run_dir.parent
     info = _read_json(rundir.run_json_path(run_dir))
@@ -182,7 +185,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
         except Exception:  # a broken snapshot should not hide the rest of the review
             max_steps = None
 
-    scalars = Scalars(rundir.tb_dir(run_dir))
+    scalars = Scalars(rundir.tb_dir(run_dir), caps)
     loss = scalars.series(LOSS)
     step_tag = _step_tag(scalars)
     raw_steps = scalars.raw(step_tag)

@@ -333,13 +333,18 @@ class Carrier:
                                     result=result, **audit.effect_fields(effect.kind, effect.args, decision))
 
     def flush_events(self, run_ids=None) -> None:
+        """Each run's unwritten audit records into its events.jsonl, each run under the guard: a file the job
+        wrote that the journal's reader chokes on parks that run (its audit stays in the ledger)."""
         for run_id in sorted(run_ids if run_ids is not None else self.journal.unwritten_runs()):
             run = self.ctx.ledger.run(run_id)
             if run is None:  # a sweep-level record (a held job no trial owns): it has no run dir, the ledger keeps it
                 continue
             if run_dir_problem(run.run_dir) is not None:  # not ours to write into: the ledger keeps the records
                 continue
-            try:
-                self.journal.flush_events(run_id, Path(run.run_dir), self.time_of, crash_point)
-            except OSError as exc:  # the audit stays in the ledger; retried next tick
-                self.ctx.say(run_id, f"events.jsonl not written ({exc}); the audit is kept in the ledger")
+            self.guard(run, "", lambda run=run: self._flush_one(run))
+
+    def _flush_one(self, run: Run) -> None:
+        try:
+            self.journal.flush_events(run.run_id, Path(run.run_dir), self.time_of, crash_point)
+        except OSError as exc:  # the audit stays in the ledger; retried next tick
+            self.ctx.say(run.run_id, f"events.jsonl not written ({exc}); the audit is kept in the ledger")

@@ -13,11 +13,12 @@ import datetime as _dt
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.config.profile import sacct_json_quirk
 from hpc_agent.core.handback import handing_back, read_successor
+from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps, cap_of
 from hpc_agent.core.redact import redact
 from hpc_agent.jobs.submission import crash_point, submit_attempt
 from hpc_agent.policy.decide import PolicyLimits
@@ -57,7 +58,7 @@ class Watcher:
                  submit: Callable[..., Any] = submit_attempt, out: Callable[[str], None] = print,
                  pause_file: Optional[Path] = None, lease: Optional[WatcherLease] = None,
                  intent_grace_s: float = effects.INTENT_GRACE_S, sacct_json: Optional[bool] = None,
-                 notify: Optional[Any] = None):
+                 notify: Optional[Any] = None, caps: ReadCaps = DEFAULT_CAPS):
         self.ledger, self.slurm, self.runs_root, self.clock = ledger, slurm, Path(runs_root), clock
         self.out = lambda line: out(redact(line))  # the watcher's log: no secret in it (hpc_agent.core.redact)
         self.dry_run, self.limits, self.lease = dry_run, limits or PolicyLimits(), lease
@@ -75,6 +76,9 @@ class Watcher:
         self._source = observe.SacctSource(sacct_json if sacct_json is not None else sacct_json_quirk())
         self._own: Dict[str, Any] = {}  # job id -> (sacct's attempts, claim, the run's own): reused while unchanged
         self._said_foreign: set = set()
+        self._said_parked: set = set()  # (run id, reason) said for a run already parked
+        self._said_caps: set = set()  # (run id, cap) whose read-cap note was said (hpc_agent/core/read_caps.py)
+        self.caps = caps  # how much of a run dir one tick reads: the watcher owner's, never the run's
         self._scalars: Dict[str, Any] = {}  # per run, kept between ticks: each tick reads only new TB bytes
         self.in_job = InJobIngest(ledger, self.journal, self._say)  # the job's own repairs (hpc_agent/core/in_job_journal.py)
         self._settings: Dict[str, Any] = {}  # job id -> its run's (resilience settings, watch.enabled, beats expected)
@@ -132,36 +136,44 @@ class Watcher:
             attempts = found.get(job_id)
             if attempts is None or run_id in busy:
                 continue
-            known = self._own.get(job_id)  # inline: this runs for every followed run, every tick
-            if known is not None and known[0] is attempts and known[1] == run_id and known[2] == intent_at:
-                attempts = known[3]
-            else:
-                attempts = self._own_attempts(Claim(job_id, run_id, intent_at), attempts)
-            if not attempts:
-                continue  # only other jobs' records under this id: the run's job is not in sacct yet (unknown)
             if report.paused:  # the kill switch, honoured between runs too (checked before every action)
                 break
-            hang = suspicions.get(job_id)
-            marks = (phase, job_id, decided.get(job_id), expedited.get(job_id), hang and hang[:2])
-            report.handing_back |= handing_back(attempts[-1].state, len(attempts), marks[3] or ())
-            quiet = self._quiet.get(run_id)
-            if quiet is not None and quiet[1] is attempts and quiet[0] == marks and (quiet[2] is None or now < quiet[2]):
-                continue  # the same inputs as a tick that decided nothing: follow() is pure, so nothing again
-                # (a running attempt's heartbeats are judged again once quiet[2] passes: every heartbeat_s)
-            if not self.dry_run:
-                # The job's own repairs, audited before any decision on the attempt's end. Past the quiet-run
-                # shortcut: a running run is looked at again every heartbeat_s / 2 and an ended one as soon as
-                # sacct's answer changes, so 10,000 followed runs do not cost 10,000 lstat calls a tick.
-                self.in_job.tick(run_id)
-            state = RunState(run_id, Phase(phase), job_id, decided=frozenset(marks[2] or ()),
-                             expedited=frozenset(marks[3] or ()),
-                             suspicion=Suspicion(job_id, *hang) if hang else None)
-            run = self.ledger.run(run_id)
-            self._guarded(run, job_id, lambda: self._follow(run, state, attempts, marks))
+            # Everything about one run, from sorting out its sacct records to carrying out its effects, is that
+            # run's own: any exception parks it (needs_attention, audited) and the tick goes on with the others.
+            self._guarded(run_id, job_id, lambda: self._tick_run(run_id, phase, job_id, intent_at, attempts, now,
+                                                                 decided, expedited, suspicions))
         if not self.dry_run:
             self._notify()
             self.carrier.flush_events()
         return report
+
+    def _tick_run(self, run_id: str, phase: str, job_id: str, intent_at, attempts, now: float,
+                  decided, expedited, suspicions) -> None:
+        """One followed run on one tick: its own attempts among sacct's, the quiet-run shortcut, the job's own
+        repairs, then observe -> follow -> journal -> carry out (:meth:`_follow`). Runs under :meth:`_guarded`."""
+        known = self._own.get(job_id)  # inline: this runs for every followed run, every tick
+        if known is not None and known[0] is attempts and known[1] == run_id and known[2] == intent_at:
+            attempts = known[3]
+        else:
+            attempts = self._own_attempts(Claim(job_id, run_id, intent_at), attempts)
+        if not attempts:
+            return  # only other jobs' records under this id: the run's job is not in sacct yet (unknown)
+        hang = suspicions.get(job_id)
+        marks = (phase, job_id, decided.get(job_id), expedited.get(job_id), hang and hang[:2])
+        self._report.handing_back |= handing_back(attempts[-1].state, len(attempts), marks[3] or ())
+        quiet = self._quiet.get(run_id)
+        if quiet is not None and quiet[1] is attempts and quiet[0] == marks and (quiet[2] is None or now < quiet[2]):
+            return  # the same inputs as a tick that decided nothing: follow() is pure, so nothing again
+            # (a running attempt's heartbeats are judged again once quiet[2] passes: every heartbeat_s)
+        if not self.dry_run:
+            # The job's own repairs, audited before any decision on the attempt's end. Past the quiet-run
+            # shortcut: a running run is looked at again every heartbeat_s / 2 and an ended one as soon as
+            # sacct's answer changes, so 10,000 followed runs do not cost 10,000 lstat calls a tick.
+            self.in_job.tick(run_id)
+        state = RunState(run_id, Phase(phase), job_id, decided=frozenset(marks[2] or ()),
+                         expedited=frozenset(marks[3] or ()),
+                         suspicion=Suspicion(job_id, *hang) if hang else None)
+        self._follow(self.ledger.run(run_id), state, attempts, marks)
 
     def _notify(self, step: Optional[Callable[..., Any]] = None, *args: Any) -> None:
         """Notifications (hpc_agent/watcher/notifier.py): a failing notifier, or a bug in one, is said and never stops a tick."""
@@ -194,25 +206,41 @@ class Watcher:
                 commit_or_skip(self.journal, run_id, phase, Outcome(Phase(phase), audit=(record,)))
         return own_list
 
-    def _guarded(self, run: Run, job_id: str, step: Callable[[], None]) -> None:
-        """One run's trouble is that run's: park it with the reason, and go on with the others."""
+    def _guarded(self, run: Union[Run, str], job_id: str, step: Callable[[], None]) -> None:
+        """One run's trouble is that run's: any ``Exception`` (a parse error, a bad file, a bug in the core, a
+        failed effect) parks it with the reason, and the tick goes on with the others. ``run``: a Run or its id."""
         try:
             step()
         except LeaseLost:
             raise
-        except Exception as exc:  # noqa: BLE001 - parse error, bad file, a bug in the core: park this run only
-            self._park(run, job_id, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - whatever it is, it parks this run only
+            run_id = run if isinstance(run, str) else run.run_id
+            self._park(run_id, job_id, " ".join(f"{type(exc).__name__}: {exc}".split())[:500])
 
-    def _park(self, run: Run, job_id: str, reason: str) -> None:
-        self._report.parked.append(run.run_id)
-        self._say(run.run_id, f"needs attention: {reason}")
-        current = Phase(self.ledger.run(run.run_id).phase)
+    def _park(self, run_id: str, job_id: str, reason: str) -> None:
+        """``needs_attention`` through the lifecycle, with the reason audited; said once for a run that is
+        already not followed (its events.jsonl can still fail to be written every tick)."""
+        row = self.ledger.run(run_id)
+        current = Phase(row.phase) if row is not None else None
         if current not in FOLLOWED:
+            if (run_id, reason) not in self._said_parked:
+                self._said_parked.add((run_id, reason))
+                self._say(run_id, f"needs attention: {reason}")
             return
+        self._report.parked.append(run_id)
+        self._say(run_id, f"needs attention: {reason}")
         phase = transition(current, Event(EventKind.UNFOLLOWABLE, job_id))
         if not self.dry_run:
-            commit_or_skip(self.journal, run.run_id, current.value, Outcome(
+            commit_or_skip(self.journal, run_id, current.value, Outcome(
                 phase, audit=({"job_id": job_id, "action": "needs_attention", "reason": reason},)))
+
+    def _say_caps(self, run_id: str, notes) -> None:
+        """A run over a read cap is said once per cap (its decision's audit record carries the notes too)."""
+        for note in notes:
+            cap = cap_of(note)
+            if cap and (run_id, cap) not in self._said_caps:
+                self._said_caps.add((run_id, cap))
+                self._say(run_id, note)
 
     def _placement_facts(self, run_id: str, cfg, patch) -> tuple:
         """One sinfo and bounded ``sbatch --test-only`` calls for the run's config (``patch`` applied: e.g. the failed
@@ -249,10 +277,11 @@ class Watcher:
         queue = queue_state(self.slurm, state.job_id) if want.queue else NOT_ASKED
         files = None
         if want.files:
-            scalars = self._scalars.get(run.run_id) or observe.scalars_for(Path(run.run_dir))
+            scalars = self._scalars.get(run.run_id) or observe.scalars_for(Path(run.run_dir), self.caps)
             self._scalars[run.run_id] = scalars
             files = observe.read_files(Path(run.run_dir), state.job_id, scalars,
-                                       lambda: run_config.current(self.ledger, run.run_id, run.run_dir))
+                                       lambda: run_config.current(self.ledger, run.run_id, run.run_dir), self.caps)
+            self._say_caps(run.run_id, files.notes)
         live = self._live(run, state, attempts[-1], want.stacks) if want.live else None
         # Did the job hand over to a successor (hpc_agent/core/handback.py)? One lstat, only once it stopped running.
         successor = None if attempts[-1].state in RUNNING_STATES else read_successor(run.run_dir, state.job_id)

@@ -19,6 +19,7 @@ from hpc_agent.config.schema import Config
 from hpc_agent.core import rundir
 from hpc_agent.core.checkpoint_format import complete_steps
 from hpc_agent.core.filemodes import run_dir_problem
+from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps, cap_of
 from hpc_agent.diagnosis.alarms import run_alarms
 from hpc_agent.diagnosis.hang import judge
 from hpc_agent.metrics.tb_reader import RunScalars
@@ -130,13 +131,14 @@ def _without_accounting(slurm, ids: List[str], error: Exception, report, say) ->
     return text
 
 
-def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars],
-               config_of: Callable[[], Config]) -> RunFiles:
+def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars], config_of: Callable[[], Config],
+               caps: ReadCaps = DEFAULT_CAPS) -> RunFiles:
     """The run's config, the job's log tails, fatal TensorBoard alarms and complete checkpoints, each read
     bounded and regular-file-only. ``scalars`` is the run's incremental TensorBoard reader (kept between
     ticks by the watcher, so each tick reads only new bytes). ``config_of`` gives the config the watcher acts
     on (the ledger's: hpc_agent/state/run_config.py), never the run directory's; it may raise ConfigError or
-    OSError, which become a problem of the run."""
+    OSError, which become a problem of the run. Within ``caps`` (the newest rank logs, the run's log bytes): a
+    run over a cap gets a note naming it (``read_caps.over_cap``), not a problem."""
     foreign = run_dir_problem(run_dir)  # renamed away and replaced, or writable by others: read nothing in it
     if foreign is not None:
         return RunFiles(None, (), (), (), (foreign,), ())
@@ -151,11 +153,15 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars],
     except OSError as exc:
         problems.append(f"{rundir.CONFIG}: {exc.strerror or exc}" if not isinstance(exc, rundir.UnsafeFile) else str(exc))
     logs = []
-    for path in rundir.find_logs(run_dir, job_id):
-        try:
-            logs.append(rundir.tail_log(path, TAIL_BYTES))
-        except OSError as exc:
-            problems.append(str(exc) if isinstance(exc, rundir.UnsafeFile) else f"{path.name}: {exc.strerror or exc}")
+    choice = rundir.find_logs(run_dir, job_id, caps=caps)
+    notes.extend(choice.notes)
+    for path, got in rundir.tail_logs(choice.paths, TAIL_BYTES, caps):
+        if isinstance(got, rundir.LogText):
+            logs.append(got)
+        elif isinstance(got, str):
+            notes.append(got)
+        else:
+            problems.append(str(got) if isinstance(got, rundir.UnsafeFile) else f"{path.name}: {got.strerror or got}")
     alarms = []
     if scalars is not None:
         try:
@@ -164,7 +170,7 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars],
             alarms = run_alarms(scalars, min_scale)
         except Exception as exc:  # noqa: BLE001 - TensorBoard is evidence, not a reason to stop following
             notes.append(f"TensorBoard events not read ({type(exc).__name__}: {exc})")
-        notes.extend(f"TensorBoard: {p}" for p in scalars.problems())
+        notes.extend(p if cap_of(p) else f"TensorBoard: {p}" for p in scalars.problems())
     try:
         steps = tuple(complete_steps(run_dir))
     except OSError as exc:
@@ -242,6 +248,6 @@ def run_state(ledger, run, state: RunState) -> RunState:
                                            "decision": last.decision})
 
 
-def scalars_for(run_dir: Path) -> Optional[RunScalars]:
+def scalars_for(run_dir: Path, caps: ReadCaps = DEFAULT_CAPS) -> Optional[RunScalars]:
     tb = rundir.tb_dir(run_dir)
-    return RunScalars(tb, tags=ALARM_TAGS) if tb.is_dir() and not tb.is_symlink() else None
+    return RunScalars(tb, tags=ALARM_TAGS, caps=caps) if tb.is_dir() and not tb.is_symlink() else None

@@ -1,6 +1,12 @@
 """Slurm load of the watcher (P4): Slurm calls and watcher CPU per tick with 1, 100, 1000 and 10000 tracked runs.
 
     python -m scripts.bench.watch_load [--sizes 1,100,1000,10000] [--ticks 7] [--profile] [--out results/bench_watch_load.json]
+    python -m scripts.bench.watch_load --poison [--poison-runs 1000] [--samples 5]
+
+The poison mode (issue 42; :func:`measure_poison`, no Slurm needed) times one tick over 1000 live runs (a
+heartbeat each, judged every tick), clean and with ONE run carrying every poison at once
+(``scripts/bench/poison.py``), and reports both figures and their ratio (target <= 2x) under ``poison_mode``
+in the same results file; a run of either mode keeps the other's figures.
 
 Each size gets a fresh runs root with that many synthetic runs, written in ONE ledger transaction (a run,
 its intent and its job id each: job ids are synthetic, 9000000 + i) plus an empty run directory each (the
@@ -24,6 +30,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import shutil
 import statistics
@@ -32,7 +39,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -50,18 +57,24 @@ PENDING_EVERY = 10  # one run in ten is queued, the rest run
 
 # --- pure helpers (tests/unit/test_bench_watch_load.py) ----------------------------------------------------------
 def synthetic_sacct(job_ids: Sequence[str], fields: Sequence[str] = SACCT_FIELDS,
-                    pending_every: int = PENDING_EVERY) -> str:
+                    pending_every: int = PENDING_EVERY, failed: Sequence[str] = (),
+                    submitted: Optional[str] = None, completed: Sequence[str] = ()) -> str:
     """A ``sacct --parsable2`` answer for these jobs: an allocation row each (RUNNING, or PENDING for every
-    ``pending_every``-th) plus batch and step rows for the running ones, as sacct prints them."""
+    ``pending_every``-th, 0: none; FAILED with exit 1 for the ids in ``failed``, COMPLETED for those in
+    ``completed``) plus batch and step rows for
+    the started ones, as sacct prints them."""
     lines = ["|".join(fields)]
-    submitted = time.strftime("%Y-%m-%dT%H:%M:%S")
+    submitted = submitted or time.strftime("%Y-%m-%dT%H:%M:%S")
+    ended, done = set(failed), set(completed)
     for i, job in enumerate(job_ids):
-        pending = pending_every and i % pending_every == pending_every - 1
+        pending = bool(pending_every) and i % pending_every == pending_every - 1 and job not in ended
+        state = "FAILED" if job in ended else "COMPLETED" if job in done else "PENDING" if pending else "RUNNING"
         # The name and submit time of the run's own job (hpc_agent/slurm/job_match.py ignores another job's records).
-        base = {"JobID": job, "JobName": f"hpc_agent:load-{int(job) - FIRST_JOB_ID:05d}", "ExitCode": "0:0",
-                "Elapsed": "00:10:00", "Submit": submitted,
-                "State": "PENDING" if pending else "RUNNING", "NodeList": "None assigned" if pending else "node1",
-                "Start": "Unknown" if pending else "2026-11-30T10:00:00", "End": "Unknown"}
+        base = {"JobID": job, "JobName": f"hpc_agent:load-{int(job) - FIRST_JOB_ID:05d}",
+                "ExitCode": "1:0" if job in ended else "0:0", "Elapsed": "00:10:00", "Submit": submitted,
+                "State": state, "NodeList": "None assigned" if pending else "node1",
+                "Start": "Unknown" if pending else "2026-11-30T10:00:00",
+                "End": submitted if job in ended | done else "Unknown"}
         lines.append("|".join(base.get(f, "") for f in fields))
         if not pending:
             for step, name in (("batch", "batch"), ("0", "python")):
@@ -188,6 +201,175 @@ def measure(n: int, ticks: int, work: Path, profile: bool) -> Dict[str, object]:
     return result
 
 
+# --- the poison mode: one run carrying every poison of issue 42 among N live runs ---------------------------------
+POISON_TARGET_RATIO = 2.0  # the poisoned tick may take at most this many times the clean tick (issue 42)
+
+
+class SyntheticSlurm:
+    """No real Slurm: ``sacct`` answers every id (RUNNING; FAILED or COMPLETED for the ids in ``failed`` or
+    ``completed``) from a text built
+    once per state (so the watcher's attempt cache sees what it would see on a quiet cluster), ``squeue`` says
+    'not queued'; every command is counted by name."""
+
+    def __init__(self) -> None:
+        self.failed: set = set()
+        self.completed: set = set()
+        self.calls: Counter = Counter()
+        self.submitted = time.strftime("%Y-%m-%dT%H:%M:%S")
+        self._answers: Dict[tuple, str] = {}
+
+    def sacct(self, job_ids: Iterable[str], fields: Sequence[str] = SACCT_FIELDS, all_attempts: bool = True,
+              as_json: bool = False) -> str:
+        ids = list(job_ids)
+        self.calls["sacct"] += 1
+        key = (tuple(ids), tuple(fields), tuple(sorted(self.failed)), tuple(sorted(self.completed)))
+        if key not in self._answers:
+            self._answers[key] = synthetic_sacct(ids, fields, pending_every=0, failed=sorted(self.failed),
+                                                 submitted=self.submitted, completed=sorted(self.completed))
+        return self._answers[key]
+
+    def run(self, argv: Sequence[str], check: bool = True, timeout_s: float | None = None):
+        import subprocess
+
+        self.calls[argv[0]] += 1
+        return subprocess.CompletedProcess(list(argv), 0, "", "")
+
+
+def _refuse_submit(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("the benchmark submits nothing")
+
+
+def spread(values: Sequence[float]) -> Dict[str, float]:
+    """Median, min and max (ms, rounded) of a sample."""
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+            "max": round(max(values), 2), "n": len(values)}
+
+
+def poison_ratio(clean_ms: Sequence[float], poisoned_ms: Sequence[float]) -> Dict[str, Any]:
+    """The poisoned tick's median over the clean tick's median, and whether it meets the target."""
+    ratio = statistics.median(poisoned_ms) / statistics.median(clean_ms)
+    return {"ratio": round(ratio, 3), "target_at_most": POISON_TARGET_RATIO, "met": ratio <= POISON_TARGET_RATIO}
+
+
+def measure_poison(n: int, samples: int, work: Path, poison_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """``n`` live runs: ``samples`` clean ticks, then ``samples`` ticks each with one more run poisoned (a fresh
+    run each time: the one poisoned before is parked and no longer followed) and its job FAILED, so the watcher
+    reads all of its files. Every measured tick judges every running run's heartbeats (the clock moves one
+    heartbeat_s per tick and the heartbeats are rewritten before it, outside the timing)."""
+    import resource
+
+    from scripts.bench.poison import HEARTBEAT_S, beat_all, build_live_runs, plant_poison, remove_tree
+    from hpc_agent.state.ledger import Ledger
+    from hpc_agent.watcher.loop import Watcher
+
+    root = work / f"poison-n{n}"
+    now = [time.time()]
+    t0 = time.perf_counter()
+    runs = build_live_runs(root, n, now[0])
+    build_s = time.perf_counter() - t0
+    print(f"  poison mode: {n} live runs built in {build_s:.1f} s", flush=True)
+    slurm = SyntheticSlurm()
+    ledger = Ledger.in_runs_root(root)
+    lines: List[str] = []
+    watcher = Watcher(ledger, slurm, runs_root=root, clock=lambda: now[0], dry_run=False, executor="slurm",
+                      submit=_refuse_submit, out=lines.append, pause_file=root / "watch.paused", sacct_json=False)
+    step = [1]
+
+    def tick(label: str) -> Dict[str, Any]:
+        now[0] += HEARTBEAT_S
+        step[0] += 1
+        beat_all(runs, now[0], step[0])
+        os.sync()  # the heartbeats' writeback is not the tick's cost
+        slurm.calls.clear()
+        del lines[:]
+        c0, w0 = time.process_time(), time.perf_counter()
+        report = watcher.tick()
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"  {label}: wall {wall * 1000:8.1f} ms  cpu {cpu * 1000:8.1f} ms  followed {report.runs}  "
+              f"parked {report.parked}  peak RSS {rss:.0f} MB", flush=True)
+        return {"wall_ms": wall * 1000, "cpu_ms": cpu * 1000, "runs_followed": report.runs,
+                "parked": list(report.parked), "calls": dict(slurm.calls), "peak_rss_mb_so_far": round(rss, 1),
+                "lines": list(lines)}
+
+    tick("warm-up (not counted: the runs' settings are read once)")
+    clean = [tick(f"clean tick {i + 1}") for i in range(samples)]
+    rss_clean = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    poisoned, after, planted = [], [], None
+    for k in range(samples):
+        run_id, run_dir, job_id = runs[k]
+        marker = work / f"notify-command-ran-{k}"
+        planted = plant_poison(run_dir, job_id, outside=work / f"outside-{k}", marker=marker,
+                               victim_job_id=runs[-1][2], **(poison_kwargs or {}))
+        slurm.failed.add(job_id)
+        sample = tick(f"poisoned tick {k + 1} ({run_id})")
+        sample.update(run_id=run_id, phase_after=ledger.run(run_id).phase, notify_command_ran=marker.exists(),
+                      said_about_it=[line for line in sample["lines"] if f" {run_id}: " in line])
+        poisoned.append(sample)
+        after.append(tick(f"tick after poisoned tick {k + 1}"))
+    rss_end = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ledger.close()
+    for k in range(samples):
+        remove_tree(work / f"outside-{k}")
+    remove_tree(root)
+    clean_ms = [t["wall_ms"] for t in clean]
+    poison_ms = [t["wall_ms"] for t in poisoned]
+    for t in clean + poisoned + after:
+        t["lines"] = t["lines"][:0] if t in clean or t in after else t["lines"][:12]
+    return {
+        "runs": n, "samples_each": samples, "build_live_runs_s": round(build_s, 2),
+        "clean_tick_wall_ms": spread(clean_ms), "poisoned_tick_wall_ms": spread(poison_ms),
+        "clean_tick_cpu_ms": spread([t["cpu_ms"] for t in clean]),
+        "poisoned_tick_cpu_ms": spread([t["cpu_ms"] for t in poisoned]),
+        "tick_after_poisoned_wall_ms": spread([t["wall_ms"] for t in after]),
+        "ratio_poisoned_over_clean": poison_ratio(clean_ms, poison_ms),
+        "cpu_ratio_poisoned_over_clean": poison_ratio([t["cpu_ms"] for t in clean], [t["cpu_ms"] for t in poisoned]),
+        "peak_rss_mb": {"after_clean_ticks": round(rss_clean, 1), "after_poisoned_ticks": round(rss_end, 1)},
+        "poisoned_runs_parked": all(t["run_id"] in t["parked"] or t["phase_after"] == "needs_attention"
+                                    for t in poisoned),
+        "other_runs_followed_every_tick": all(t["runs_followed"] >= n - samples for t in poisoned + after),
+        "notify_command_from_run_dir_ran": any(t["notify_command_ran"] for t in poisoned),
+        "poison": planted, "clean_samples": clean, "poisoned_samples": poisoned, "after_samples": after,
+    }
+
+
+def _merge_out(path: Path, update: Dict[str, Any]) -> Dict[str, Any]:
+    """results/bench_watch_load.json holds both modes: the load-by-size figures (top level, as before) and the
+    poison mode's (``poison_mode``); a run of one mode keeps the other's figures."""
+    try:
+        current = json.loads(path.read_text())
+    except (OSError, ValueError):
+        current = {}
+    if "poison_mode" in update:
+        current["poison_mode"] = update["poison_mode"]
+        return current
+    if "poison_mode" in current:
+        update = {**update, "poison_mode": current["poison_mode"]}
+    return update
+
+
+def main_poison(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-watch-poison-") as tmp:
+        result = measure_poison(args.poison_runs, max(3, args.samples), Path(tmp))
+    result.update(
+        benchmark="one watcher tick over N live runs, clean and with ONE run carrying every poison of issue 42",
+        method="synthetic Slurm client (no real Slurm; sacct text built once per state, squeue 'not queued'); "
+               "each run: a valid config.yaml and a heartbeat rewritten before every tick, the watcher's clock "
+               "moving one heartbeat_s per tick, so every running run is judged every tick (the busy path); "
+               "wall = time.perf_counter() around tick(); each poisoned tick poisons a fresh run and FAILs its job, "
+               "so the watcher reads its config, logs, TensorBoard, journal and events.jsonl",
+        bench_wall_s=round(time.perf_counter() - t_start, 1), when=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    out = _merge_out(Path(args.out), {"poison_mode": result})
+    atomic_write_json(Path(args.out), out)
+    print(json.dumps({k: result[k] for k in ("clean_tick_wall_ms", "poisoned_tick_wall_ms", "ratio_poisoned_over_clean",
+                                             "cpu_ratio_poisoned_over_clean",
+                                             "tick_after_poisoned_wall_ms", "peak_rss_mb", "poisoned_runs_parked",
+                                             "other_runs_followed_every_tick", "notify_command_from_run_dir_ran")},
+                     indent=2))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,100,1000,10000",
@@ -195,7 +377,14 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=7, help="ticks per size; the first is not counted (default 7)")
     parser.add_argument("--profile", action="store_true", help="cProfile the ticks at the largest size")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_watch_load.json"))
+    parser.add_argument("--poison", action="store_true",
+                        help="the poison mode instead: a clean tick of --poison-runs live runs against a tick where "
+                             "one of them carries every poison of issue 42 (no Slurm needed)")
+    parser.add_argument("--poison-runs", type=int, default=1000, help="live runs in the poison mode (default 1000)")
+    parser.add_argument("--samples", type=int, default=5, help="ticks of each kind in the poison mode (min 3)")
     args = parser.parse_args()
+    if args.poison:
+        return main_poison(args)
     if not SlurmCLI.available():
         print("sacct/sbatch are not on PATH: this benchmark needs the real Slurm CLI", file=sys.stderr)
         return 2
@@ -224,7 +413,7 @@ def main() -> int:
                       "cpu_per_run_growth_at_most": LINEAR_SLACK},
            "met": met, "growth": growth_info, "summary": summary, "sizes": results,
            "bench_wall_s": round(time.perf_counter() - t_start, 1), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    atomic_write_json(Path(args.out), out)
+    atomic_write_json(Path(args.out), _merge_out(Path(args.out), out))
     print(json.dumps({"summary": summary, "growth": growth_info, "met": out["met"],
                       "bench_wall_s": out["bench_wall_s"]}, indent=2))
     return 0

@@ -155,7 +155,7 @@ def test_retention_never_deletes_through_a_link(run_dir, outside):
 def test_a_linked_log_is_refused_by_the_reader(run_dir, outside):
     (run_dir / "slurm").mkdir()
     (run_dir / "slurm" / "7_0_log.out").symlink_to(outside / "secret.log")
-    [path] = rundir.find_logs(run_dir, "7")
+    [path] = rundir.find_logs(run_dir, "7").paths
     with pytest.raises(rundir.UnsafeFile, match="symbolic link"):
         rundir.tail_log(path, 4096)
 
@@ -164,7 +164,7 @@ def test_a_linked_slurm_folder_is_not_searched(run_dir, outside):
     (outside / "slurm").mkdir()
     (outside / "slurm" / "7_0_log.out").write_text("secret\n")
     (run_dir / "slurm").symlink_to(outside / "slurm", target_is_directory=True)
-    paths = rundir.find_logs(run_dir, "7")
+    paths = list(rundir.find_logs(run_dir, "7").paths)
     assert paths == [run_dir / "slurm"]
     with pytest.raises(rundir.UnsafeFile, match="symbolic link"):
         rundir.tail_log(paths[0], 4096)
