@@ -28,6 +28,9 @@ EVENT_GLOB = "events.out.tfevents.*"
 TB_FLUSH_EVERY_S = 2.0
 """The built-in trainer's flush interval (seconds, ``launch/tblog.py``): a bound on how late the event file shows
 a step."""
+MAX_TB_DEPTH = 8
+"""Folders below ``tb/`` that are searched for event files (TensorBoard writers nest one or two; a job can
+nest thousands, which a recursive walk would not survive)."""
 RECORD_OVERHEAD = 16
 """TFRecord framing around each event: u64 length, u32 crc of the length, data, u32 crc of the data."""
 
@@ -149,21 +152,31 @@ class RunScalars:
 
     def _event_files(self, folder: Path) -> List[Path]:
         """Regular event files under ``folder``, walked without following a link: a symbolic link (to a
-        file or a folder) is skipped and noted in :meth:`problems`, since it can point out of the run dir."""
+        file or a folder) is skipped and noted in :meth:`problems`, since it can point out of the run dir.
+        Walked with a stack, not recursion, and no deeper than :data:`MAX_TB_DEPTH` folders (a job can
+        nest ``tb/`` thousands deep): a deeper folder is noted, not entered."""
         found: List[Path] = []
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            return found
-        for entry in entries:
-            if entry.is_symlink():
-                if entry.is_dir() or fnmatch.fnmatch(entry.name, EVENT_GLOB):
-                    self.skipped[entry.path] = (f"{entry.name} is a symbolic link; not following it out of the "
-                                                "run directory")
-            elif entry.is_dir(follow_symlinks=False):
-                found += self._event_files(Path(entry.path))
-            elif entry.is_file(follow_symlinks=False) and fnmatch.fnmatch(entry.name, EVENT_GLOB):
-                found.append(Path(entry.path))
+        stack = [(folder, 0)]
+        while stack:
+            current, depth = stack.pop()
+            try:
+                with os.scandir(current) as listing:
+                    entries = sorted(listing, key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.is_symlink():
+                    if entry.is_dir() or fnmatch.fnmatch(entry.name, EVENT_GLOB):
+                        self.skipped[entry.path] = (f"{entry.name} is a symbolic link; not following it out of the "
+                                                    "run directory")
+                elif entry.is_dir(follow_symlinks=False):
+                    if depth + 1 > MAX_TB_DEPTH:
+                        self.skipped[entry.path] = (f"{entry.path} is more than {MAX_TB_DEPTH} folders below "
+                                                    f"{folder}; not read")
+                    else:
+                        stack.append((Path(entry.path), depth + 1))
+                elif entry.is_file(follow_symlinks=False) and fnmatch.fnmatch(entry.name, EVENT_GLOB):
+                    found.append(Path(entry.path))
         return found
 
     def _read_new(self, state: _FileState) -> int:

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_agent.core.filemodes import open_created
 from hpc_agent.core.fsutil import pid_alive
-from hpc_agent.core.rundir import events_path, read_tail
+from hpc_agent.core.rundir import events_path, read_json_lines
 from hpc_agent.state.ledger import Ledger
 
 EVENTS_TAIL_BYTES = 256 * 1024  # enough to hold the last lines we may have appended before a crash
@@ -124,7 +124,7 @@ class Journal:
         if not rows:
             return 0
         unwritten = [seq for seq, _, _ in rows]
-        present = _seqs_in(events_path(run_dir))
+        present = _seqs_in(run_dir)
         lines = [_line(run_id, seq, at, rec, time_of) for seq, at, rec in rows if seq not in present]
         crash("before_audit")
         if lines:
@@ -158,21 +158,13 @@ def _line(run_id: str, seq: int, at: float, record: Dict[str, Any], time_of) -> 
     return json.dumps({"time": time_of(at), "run_id": run_id, "seq": seq, **record}, sort_keys=True, default=str) + "\n"
 
 
-def _seqs_in(path: Path) -> set:
-    """The seq numbers in the last lines of events.jsonl (only our own recent appends can be missing a mark)."""
-    try:
-        text, _ = read_tail(path, EVENTS_TAIL_BYTES)
-    except FileNotFoundError:
-        return set()
-    seqs = set()
-    for line in text.splitlines():
-        try:
-            seq = json.loads(line).get("seq")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(seq, int):
-            seqs.add(seq)
-    return seqs
+def _seqs_in(run_dir: Path) -> set:
+    """The seq numbers in the last lines of events.jsonl (only our own recent appends can be missing a mark).
+    The job can write the file: read with the run directory's total JSON-lines reader (a 100000-deep line,
+    a link, a FIFO: no seq from it, never an exception)."""
+    values, _ = read_json_lines(events_path(run_dir), EVENTS_TAIL_BYTES, within=Path(run_dir))
+    return {v["seq"] for v in values
+            if isinstance(v, dict) and isinstance(v.get("seq"), int) and not isinstance(v.get("seq"), bool)}
 
 
 def _append(path: Path, text: str) -> None:
