@@ -146,7 +146,7 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars]) -> Run
     logs = []
     for path in rundir.find_logs(run_dir, job_id):
         try:
-            logs.append(rundir.tail_log(path, TAIL_BYTES))
+            logs.append(rundir.tail_log(path, TAIL_BYTES, within=run_dir))  # no link followed below the run dir
         except OSError as exc:
             problems.append(str(exc) if isinstance(exc, rundir.UnsafeFile) else f"{path.name}: {exc.strerror or exc}")
     alarms = []
