@@ -291,6 +291,7 @@ class Carrier:
             if run is None:  # a sweep-level record (a held job no trial owns): it has no run dir, the ledger keeps it
                 continue
             try:
-                self.journal.flush_events(run_id, Path(run.run_dir), self.time_of, crash_point)
+                self.journal.flush_events(run_id, Path(run.run_dir), self.time_of, crash_point,
+                                          say=lambda text, run_id=run_id: self.ctx.say(run_id, text))
             except OSError as exc:  # the audit stays in the ledger; retried next tick
                 self.ctx.say(run_id, f"events.jsonl not written ({exc}); the audit is kept in the ledger")
