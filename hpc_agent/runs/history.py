@@ -43,6 +43,10 @@ class Scalars:
     def problems(self) -> List[str]:
         return self._rs.problems() if self._rs is not None else []
 
+    def refused(self) -> List[str]:
+        """What under tb/ was refused, not just unreadable: links out of the run dir, folders nested too deep."""
+        return [self._rs.skipped[k] for k in sorted(self._rs.skipped)] if self._rs is not None else []
+
     def tags(self) -> List[str]:
         return sorted(self._rs.tags()) if self._rs is not None else []
 
@@ -273,7 +277,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
         "ettr": ettr, "steps_lost": steps_lost, "boundaries": boundaries, "live": live,
         "decisions": decision_list(decision_rows, events), "in_job": in_job_markers(events),
         "notes": scalars.problems(),  # event files not read: links out of the run dir, corrupt records
-        "problems": problems,  # job-written files that are not what the watcher writes: run.json, events.jsonl
+        "problems": problems + [f"{rundir.TB}/: {p}" for p in scalars.refused()],  # job-written files that are not what the watcher writes: run.json, events.jsonl
         "_curves": {**{tag: [(p.step, p.wall_time, p.value) for p in scalars.series(tag)] for tag in PLOT_TAGS},
                     "lost_loss": [(p.step, p.wall_time, p.value) for p in lost_loss]},
     }
