@@ -57,6 +57,8 @@ def depth_over(text: str, max_depth: int) -> bool:
     if text.count("[") + text.count("{") <= max_depth:
         return False
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if re.search("[\\[{]{%d}" % (max_depth + 1), brackets):  # that many opened in a row: no need to count
+        return True
     for _ in range(max_depth):
         if not brackets:
             return False

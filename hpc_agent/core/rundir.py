@@ -24,9 +24,13 @@ Layout (one home for it; nothing else spells these names)::
 A job can write anything into its run directory, and a user can replace a file by a FIFO or by a link
 to ``/dev/zero``. So files here are read as untrusted input: regular files only (``O_NOFOLLOW``,
 ``S_ISREG``), opened non-blocking (a FIFO never blocks the reader), and never more than a byte cap.
-``O_NOFOLLOW`` guards only the last part of a path, so the folders a job could swap for a link to
-elsewhere (``slurm/``, ``tb/``, ``checkpoints/`` and what is in them) are checked by their readers
-(:func:`find_logs`, ``metrics.tb_reader``, ``checkpoint_format.scan``), which skip or refuse a link, saying so.
+``O_NOFOLLOW`` guards only the last part of a path, so a reader given ``within`` (the run dir) opens its
+file one component at a time from there, ``O_NOFOLLOW`` at each (``hpc_agent.core.fsutil.open_beneath``): a
+``journal/`` or ``heartbeat/`` that is a link to another run's is refused, not followed. JSON read from here
+is parsed by ``hpc_agent.core.json_safe`` (:func:`read_json`, :func:`read_json_lines`): depth and size
+capped, a named problem instead of an exception. Folder walks (``slurm/``, ``tb/``, ``checkpoints/``) are
+checked by their readers (:func:`find_logs`, ``metrics.tb_reader``, ``checkpoint_format.scan``), which skip
+or refuse a link, saying so.
 What hpc_agent writes here is created ``0600``/``0700`` (see ``hpc_agent.core.filemodes``).
 """
 from __future__ import annotations
