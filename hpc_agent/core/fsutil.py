@@ -301,8 +301,9 @@ def open_beneath(root: str | os.PathLike, path: str | os.PathLike, flags: int = 
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR) or (exc.errno == errno.EMLINK and not last):
                     where = root.joinpath(*parts[:i + 1])
-                    raise LinkInPath(exc.errno, f"{where} is a symbolic link or not a folder; not following it "
-                                                f"(reading {root.joinpath(*parts)})") from None
+                    what = "a symbolic link" if last or exc.errno != errno.ENOTDIR else "a symbolic link or not a folder"
+                    reading = "" if last else f" (reading {root.joinpath(*parts)})"
+                    raise LinkInPath(exc.errno, f"{where} is {what}; not following it{reading}") from None
                 raise
             os.close(fd)
             fd = nxt

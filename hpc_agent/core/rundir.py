@@ -332,10 +332,15 @@ def read_json_lines(path: Path, max_bytes: int = JSON_MAX_BYTES, within: Optiona
 def read_run_json(run_dir: Path) -> Dict[str, Any]:
     """``run.json`` as a dict ({} if absent). The job can write its run dir, so: bounded (bytes, depth),
     regular file only, no link followed; ValueError naming the problem (not JSON, a key of the wrong type)."""
-    info, problem = read_json(run_json_path(run_dir), within=Path(run_dir))
+    path = run_json_path(run_dir)
+    try:
+        data = read_bounded(path, JSON_MAX_BYTES, within=Path(run_dir))  # UnsafeFile (an OSError): a link, a FIFO
+    except FileNotFoundError:
+        return {}
+    info, problem = json_safe.loads_object(data, json_safe.Limits(max_line_bytes=JSON_MAX_BYTES))
     problem = problem or run_json_problem(info)
     if problem:
-        raise ValueError(problem if problem.startswith(str(run_dir)) else f"{run_json_path(run_dir)}: {problem}")
+        raise ValueError(f"{path}: {problem}")
     return info
 
 
