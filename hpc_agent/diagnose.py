@@ -7,8 +7,10 @@ names the cause of the newest attempt with the lines that show it, and says what
 It acts on nothing: no requeue, no cancel, no submit. Runs on login nodes: imports neither torch nor
 deepspeed (TensorBoard's event reader is imported only when there are event files to read).
 
-Exit codes: 0 a diagnosis was printed (including "unknown"), 2 bad arguments or an unreadable file (a
-``--sacct-file`` that is no sacct output in any known format is an error, never a silent "unknown").
+Exit codes: 0 a diagnosis was printed (including "unknown"), 1 a diagnosis was printed but a job-written file
+of the run dir could not be read (a FIFO log, a corrupt tb/: each named on stderr), 2 bad arguments or an
+unreadable file the user named (a ``--sacct-file`` that is no sacct output in any known format is an error,
+never a silent "unknown").
 """
 from __future__ import annotations
 
@@ -242,6 +244,9 @@ class Inputs:
     run_dir: Optional[Path] = None
     attempt_start: Optional[float] = None  # sacct's Start of the newest attempt (a live job's hang verdict)
     notes: List[str] = field(default_factory=list)  # the read caps met (hpc_agent/core/read_caps.py): not read
+    problems: List[str] = field(default_factory=list)
+    """Job-written files of the run dir that could not be read (a FIFO log, a corrupt or too deep tb/, a
+    config that is no config): each said, the diagnosis goes on without it, and the exit code is 1."""
 
 
 def _read_sacct(args: argparse.Namespace) -> Tuple[str, Optional[str], Any]:
@@ -294,11 +299,14 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
         stdout = _stdout_from_scontrol(cli, job_id) if cli is not None and found.run_dir is None else None
         choice = find_logs(found.run_dir, job_key_of(job_id), stdout, caps)
         paths, found.notes = list(choice.paths), list(choice.notes)
-    for path, got in tail_logs(paths, args.tail_bytes, caps):
+    within = found.run_dir if not args.log else None  # the job's logs: no link followed below its run dir
+    for path, got in tail_logs(paths, args.tail_bytes, caps, within=within):
         if isinstance(got, str):
             found.notes.append(got)
         elif isinstance(got, OSError):
-            raise UsageError(f"cannot read log {path}: {got.strerror or got}")
+            if args.log:  # a file the user named: a usage error
+                raise UsageError(f"cannot read log {path}: {got.strerror or got}")
+            found.problems.append(f"log not read: {got.strerror or got}")  # the job's: said, and the rest goes on
         else:
             found.logs.append(got)
 
@@ -306,17 +314,23 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     if snapshot is not None and snapshot.exists():
         try:  # bounded, regular-file-only: the job can write its run directory
             found.cfg, found.config_source = load_run_config(found.run_dir), str(snapshot)
-        except (ConfigError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - ConfigError, OSError, or anything a job-written file causes
             reason = "did not validate" if isinstance(exc, ConfigError) else f"unreadable: {exc}"
             found.config_source = f"schema defaults ({snapshot} {reason})"
+            if not isinstance(exc, (ConfigError, OSError)):
+                found.problems.append(f"{snapshot} not read: {type(exc).__name__}")
     tb_dir = Path(args.tb) if args.tb else (rundir.tb_dir(found.run_dir) if found.run_dir is not None else None)
     if args.tb and not tb_dir.is_dir():
         raise UsageError(f"--tb {args.tb} is not a directory")
     if tb_dir is not None and tb_dir.is_dir():
-        scalars = RunScalars(tb_dir, tags=(LOSS_TAG, LOSS_SCALE_TAG), caps=caps)
-        scalars.update()
-        found.alarms = run_alarms(scalars, found.cfg.train.min_loss_scale)
-        found.notes.extend(scalars.capped.values())
+        try:
+            scalars = RunScalars(tb_dir, tags=(LOSS_TAG, LOSS_SCALE_TAG), caps=caps)
+            scalars.update()
+            found.alarms = run_alarms(scalars, found.cfg.train.min_loss_scale)
+            found.notes.extend(scalars.capped.values())
+            found.problems += [f"TensorBoard: {p}" for p in scalars.problems() if p not in scalars.capped.values()]
+        except Exception as exc:  # noqa: BLE001 - event files are job-written bytes
+            found.problems.append(f"TensorBoard {tb_dir} not read: {type(exc).__name__}: {str(exc)[:200]}")
     return found
 
 
@@ -349,10 +363,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if report["cause"] == Cause.RUNNING.value and found.run_dir is not None:
         from hpc_agent.runs.history import live_status  # as review shows it: time since the last step, a hang verdict
 
-        report["live"] = live_status(found.run_dir, Cause.RUNNING.value, time.time(), found.attempt_start)
-        name_hung(report, found.cfg)
+        try:
+            report["live"] = live_status(found.run_dir, Cause.RUNNING.value, time.time(), found.attempt_start)
+            name_hung(report, found.cfg)
+        except Exception as exc:  # noqa: BLE001 - heartbeats, stacks and tb/ are job-written
+            found.problems.append(f"live status not read: {type(exc).__name__}: {str(exc)[:200]}")
+    report["problems"] = found.problems
     print(json.dumps(report, indent=2) if args.json else render_text(report))
-    return EXIT_OK
+    for problem in found.problems:
+        print("diagnose: " + "".join(c if c.isprintable() else "?" for c in problem), file=sys.stderr)
+    return exit_status.FAILED if found.problems else EXIT_OK
 
 
 if __name__ == "__main__":

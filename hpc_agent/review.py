@@ -22,7 +22,7 @@ from hpc_agent.cli.flags import add_common_arguments, add_read_cap_argument, par
 from hpc_agent.core import rundir
 from hpc_agent.core.read_caps import cap_of
 from hpc_agent.remote import ssh
-from hpc_agent.runs.history import find_runs, review_run
+from hpc_agent.runs.history import find_runs, problem_lines, review_runs
 from hpc_agent.runs.liveness import describe
 from hpc_agent.runs.plot import plot_runs
 
@@ -219,19 +219,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not run_dirs:
         print(f"review: no runs under {path} (no {', '.join(rundir.MARKERS)})", file=sys.stderr)
         return EXIT_USAGE
-    runs = [review_run(d, runs_root, caps=args.read_caps) for d in run_dirs]
+    runs, bad = review_runs(run_dirs, runs_root, caps=args.read_caps)
     if args.json:
-        print(json.dumps({"runs": [public(r) for r in runs]}, indent=2, default=str))
+        print(json.dumps({"runs": [public(r) for r in runs], "problems": bad}, indent=2, default=str))
     else:
         render_table(runs)
         for r in runs:  # a run over a read cap (hpc_agent/core/read_caps.py) is said, never silently cut
             for note in r.get("notes", ()):
                 if cap_of(note):
                     print(f"review: {r['run_id']}: {note}", file=sys.stderr)
+    for line in problem_lines(bad):
+        print(f"review: {line}", file=sys.stderr)
     if args.plot:
         out = plot_runs(runs, Path(args.plot))
         if not args.json:
             print(f"plot: {out}")
+    if bad and not args.serve:
+        return exit_status.FAILED  # every good run was shown; a bad one is a problem line, never a traceback
     if args.serve:
         logdir = rundir.tb_dir(run_dirs[0]) if len(run_dirs) == 1 else runs_root
         if logdir.is_symlink():  # TensorBoard would follow it out of the run directory

@@ -89,12 +89,17 @@ def line_of(review: Dict[str, Any], job_id: Optional[str], state: Optional[str],
             "last_step_at": at, "last_step_age_s": round(now - at, 3) if at is not None else None}
 
 
-def collect(path: Path, now: Optional[float] = None, cli=None) -> List[Dict[str, Any]]:
-    from hpc_agent.runs.history import find_runs, review_run
+def collect(path: Path, now: Optional[float] = None, cli=None,
+            problems: Optional[List[Dict[str, str]]] = None) -> List[Dict[str, Any]]:
+    """One line per run that could be reviewed; ``problems`` gets ``{"run_dir", "problem"}`` for each run whose
+    job-written files are not what the watcher writes (a run that could not be read at all has no line)."""
+    from hpc_agent.runs.history import find_runs, review_runs
 
     now = time.time() if now is None else now
     runs_root, run_dirs = find_runs(path)
-    reviews = [review_run(d, runs_root, now) for d in run_dirs]
+    reviews, bad = review_runs(run_dirs, runs_root, now)
+    if problems is not None:
+        problems.extend(bad)
     job_ids = _last_job_ids(runs_root)
     for r in reviews:  # no ledger row (a run dir given alone): the newest job the decisions name
         job_ids.setdefault(r["run_id"], next((d["job_id"] for d in reversed(r["decisions"]) if d.get("job_id")), None))
@@ -126,14 +131,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not root.is_dir():
         print(f"status: no runs root at {root} (pass --runs-root, or submit a run first)", file=sys.stderr)
         return exit_status.USAGE
-    lines = collect(root)
+    bad: List[Dict[str, str]] = []
+    lines = collect(root, problems=bad)
     if args.json:
-        print(json.dumps({"runs_root": str(root.resolve()), "runs": lines}, indent=2, default=str))
+        print(json.dumps({"runs_root": str(root.resolve()), "runs": lines, "problems": bad}, indent=2, default=str))
     elif lines:
         print(render(lines))
-    else:
+    elif not bad:
         print(f"no runs under {root}")
-    return exit_status.OK
+    from hpc_agent.runs.history import problem_lines
+
+    for line in problem_lines(bad):
+        print(f"status: {line}", file=sys.stderr)
+    return exit_status.FAILED if bad else exit_status.OK  # every good run was listed; a bad one is a problem line
 
 
 if __name__ == "__main__":

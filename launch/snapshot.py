@@ -32,7 +32,6 @@ no completion marker, and its default FAST writer needs the async-I/O op built, 
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -40,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from hpc_agent.core import checkpoint_format, rundir
+from hpc_agent.core import checkpoint_format, json_safe, rundir
 from hpc_agent.core.filemodes import dir_mode, group_of, make_dir, open_created, set_mode
 from hpc_agent.core.fsutil import atomic_write_json
 from launch import checkpoint
@@ -185,7 +184,9 @@ class Snapshots:
             path = tag_dir / _REPORT.format(rank)
             if not path.exists():
                 return None
-            report = json.loads(rundir.read_bounded(path, rundir.JSON_MAX_BYTES))
+            report, problem = json_safe.loads_object(rundir.read_bounded(path, rundir.JSON_MAX_BYTES))
+            if problem:
+                raise RuntimeError(f"{path.name}: {problem}")
             if report.get("step") != step:
                 raise RuntimeError(f"{path.name} reports step {report.get('step')!r}, not {step}")
             if "error" in report:

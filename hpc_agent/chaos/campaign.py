@@ -6,7 +6,6 @@ goes to every target that is training when its time comes (a preemption hits eve
 """
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -46,8 +45,7 @@ class Target:
 
     def job_ids(self) -> List[str]:
         try:
-            info = json.loads(rundir.read_bounded(rundir.run_json_path(self.run_dir), rundir.JSON_MAX_BYTES))
-            return [str(j) for j in info.get("job_ids", [])]
+            return list(rundir.read_run_json(self.run_dir).get("job_ids", []))
         except (OSError, ValueError):
             return []
 
@@ -59,7 +57,7 @@ class Target:
     def events(self) -> List[Dict]:
         from hpc_agent.runs.history import read_events
 
-        return read_events(self.run_dir)
+        return [e for e in read_events(self.run_dir)[0] if isinstance(e, dict)]
 
     def config(self):
         return load_run_config(self.run_dir)

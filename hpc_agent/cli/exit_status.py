@@ -21,7 +21,9 @@ REMOTE = 255  # ssh's own code; hpc_agent.remote.ssh passes it through
 TABLE: Dict[int, Tuple[str, str]] = {
     OK: ("OK", "success: done, submitted, every check passed, or stopped cleanly by a signal"),
     FAILED: ("FAILED", "the command ran and found a failure: the job failed (submit --wait), a doctor check "
-                       "FAILed, chaos lost something, prepare --check found an op to build or a build failed"),
+                       "FAILed, chaos lost something, prepare --check found an op to build or a build failed, "
+                       "review/status/diagnose met a run whose job-written files could not be read (each named "
+                       "on stderr; the other runs were shown)"),
     USAGE: ("USAGE", "usage or config error (bad arguments, invalid config, not a runs root, unknown run, "
                      "missing extra); nothing was done"),
     SLURM: ("SLURM", "Slurm refused or did not answer (sbatch refused or timed out, no sbatch on PATH); "
@@ -41,9 +43,9 @@ TABLE: Dict[int, Tuple[str, str]] = {
 BY_COMMAND: Dict[str, Tuple[int, ...]] = {
     "submit": (OK, FAILED, USAGE, SLURM, PAUSED, WONT_FIT, REMOTE),  # FAILED: --wait's job failed, or copying the code failed
     "watch": (OK, USAGE, BUSY),
-    "diagnose": (OK, USAGE, REMOTE),  # OK also when Slurm does not answer: the report says unknown (wait)
-    "review": (OK, USAGE, REMOTE),
-    "status": (OK, USAGE, REMOTE),
+    "diagnose": (OK, FAILED, USAGE, REMOTE),  # OK also when Slurm does not answer: the report says unknown (wait)
+    "review": (OK, FAILED, USAGE, REMOTE),
+    "status": (OK, FAILED, USAGE, REMOTE),
     "doctor": (OK, FAILED, USAGE),
     "sweep": (OK, USAGE, SLURM, BUSY, PAUSED),
     "chaos": (OK, FAILED, USAGE),

@@ -18,7 +18,6 @@ and only while it is newer than the newest complete checkpoint.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import stat
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.core import rundir
+from hpc_agent.core import json_safe, rundir
 from hpc_agent.core.filemodes import make_dir
 
 ASIDE = "set_aside"
@@ -182,9 +181,9 @@ def read_candidate(directory: Path) -> Optional[Candidate]:
     marker_path = directory / MARKER
     if marker_path.exists() or marker_path.is_symlink():
         try:  # bounded, regular file only (a link is refused): the job writes this directory
-            marker = json.loads(rundir.read_bounded(marker_path, rundir.JSON_MAX_BYTES))
-            if not isinstance(marker, dict):
-                marker, error = None, "not a JSON object"
+            marker, problem = json_safe.loads_object(rundir.read_bounded(marker_path, rundir.JSON_MAX_BYTES))
+            if problem:
+                marker, error = None, problem
         except (OSError, ValueError) as exc:
             error = f"{exc.__class__.__name__}: {exc}"
     sizes, links = walk(directory)

@@ -42,13 +42,13 @@ def hash_tree(code_dir: Path) -> Tuple[str, int, int]:
 
 def read_manifest(run_dir: Path) -> Optional[Dict[str, Any]]:
     """The run's snapshot manifest, or None when it has none."""
-    import json
+    from hpc_agent.core import json_safe
 
     path = rundir.code_dir(run_dir) / rundir.CODE_MANIFEST
     if not path.exists():
         return None
-    info = json.loads(rundir.read_bounded(path, 1 << 20))
-    return info if isinstance(info, dict) else None
+    info, problem = json_safe.loads_object(rundir.read_bounded(path, 1 << 20, within=Path(run_dir)))
+    return None if problem else info
 
 
 def activate(cfg: Any, run_dir: Path) -> Optional[Dict[str, Any]]:

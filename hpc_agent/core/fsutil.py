@@ -258,3 +258,56 @@ def sqlite_journal_mode(path: str | os.PathLike, mountinfo: Optional[str] = None
         return "DELETE", (f"runs root is on {fstype}: SQLite WAL needs shared memory that network filesystems "
                           "do not provide")
     return "WAL", f"runs root is on local {fstype}: WAL lets readers go on while the watcher writes"
+
+
+# --- opening a path inside a directory others can write, without following a link at any level -----------
+class LinkInPath(OSError):
+    """A component of a path below its root is a symbolic link (or not a directory where one is needed)."""
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _parts_below(root: Path, path: Path) -> List[str]:
+    """The components of ``path`` below ``root`` (``path`` relative to ``root``, or absolute under it)."""
+    path = Path(path)
+    if path.is_absolute():
+        try:
+            path = path.relative_to(root)
+        except ValueError:
+            raise LinkInPath(errno.EXDEV, f"{path} is not inside {root}") from None
+    parts = [p for p in path.parts if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise LinkInPath(errno.EXDEV, f"{path} climbs out of {root} (..)")
+    return parts
+
+
+def open_beneath(root: str | os.PathLike, path: str | os.PathLike, flags: int = os.O_RDONLY) -> int:
+    """An fd on ``path`` (relative to ``root``, or an absolute path under it), reached one component at a
+    time from ``root`` with ``O_NOFOLLOW`` at every level (``openat``): a folder inside ``root`` that is a
+    link to elsewhere (another run's ``journal/``) is refused with :class:`LinkInPath`, not followed.
+    ``root`` itself is opened as given (the caller's trusted path: the ledger's run dir). ``flags`` apply to
+    the last component, always with O_NOFOLLOW; the caller checks what kind of file it got."""
+    root = Path(root)
+    parts = _parts_below(root, Path(path))
+    fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                nxt = os.open(part, (flags if last else os.O_RDONLY | _DIRECTORY) | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) or (exc.errno == errno.EMLINK and not last):
+                    where = root.joinpath(*parts[:i + 1])
+                    what = "a symbolic link" if last or exc.errno != errno.ENOTDIR else "a symbolic link or not a folder"
+                    reading = "" if last else f" (reading {root.joinpath(*parts)})"
+                    raise LinkInPath(exc.errno, f"{where} is {what}; not following it{reading}") from None
+                raise
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise

@@ -16,6 +16,8 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from hpc_agent.core import json_safe
+
 STACK_SIGNAL = signal.SIGURG
 """The signal on which a rank dumps every thread's Python stack into ``stacks/rank-R.txt`` (faulthandler).
 SIGURG's default action is to ignore it, so sending it to a process that has not registered yet (still
@@ -99,9 +101,12 @@ def decode(data: bytes) -> Beat:
     if len(data) > MAX_BYTES:
         raise ValueError(f"a heartbeat is at most {MAX_BYTES} bytes, this one {len(data)}")
     try:
-        raw = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"not JSON: {exc}") from None
+        text = data.decode("utf-8")
+    except (UnicodeDecodeError, AttributeError) as exc:
+        raise ValueError(f"not UTF-8 text: {exc}") from None
+    raw, problem = json_safe.loads(text, _LIMITS)  # bounded depth, never RecursionError
+    if problem:
+        raise ValueError(problem)
     if not isinstance(raw, dict):
         raise ValueError("a heartbeat is a JSON object")
     missing = [name for name in Beat.__dataclass_fields__ if name not in raw]
@@ -130,5 +135,5 @@ def decode(data: bytes) -> Beat:
     return beat
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number a heartbeat may hold")
+_LIMITS = json_safe.Limits(max_depth=4, max_line_bytes=MAX_BYTES, max_total_bytes=MAX_BYTES, constants=False)
+"""A beat is one flat object with one list: NaN/Infinity and nesting are not ours."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from hpc_agent.core import rundir
+from hpc_agent.core import json_safe, rundir
 
 ACTION = "in_job_repair"
 ADAPT_ACTION = "adaptive_schedule"
@@ -109,15 +109,22 @@ def _text(value: Any, name: str) -> str:
     return value
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+LIMITS = json_safe.Limits(max_depth=6, max_line_bytes=MAX_LINE_BYTES, max_total_bytes=MAX_BYTES, constants=False)
+"""A line is an object holding flat objects and a list of strings: deeper is not ours."""
 
 
 def parse_line(line: str) -> InJobDecision:
     """One line -> a decision; ValueError naming the first problem (the line is untrusted input)."""
     if len(line.encode("utf-8", errors="replace")) > MAX_LINE_BYTES:
         raise ValueError(f"line longer than {MAX_LINE_BYTES} bytes")
-    obj = json.loads(line, parse_constant=_no_constant)
+    obj, problem = json_safe.loads(line, LIMITS)
+    if problem:
+        raise ValueError(problem)
+    return decision_of(obj)
+
+
+def decision_of(obj: Any) -> InJobDecision:
+    """A parsed line -> a decision; ValueError naming the first problem (every field is checked)."""
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     job_id = obj.get("job_id")
@@ -150,28 +157,25 @@ def parse_line(line: str) -> InJobDecision:
 
 def parse(text: str) -> Tuple[List[InJobDecision], List[str]]:
     """Every valid line, and one problem per invalid one. A last line without its newline is a write in
-    progress: left for the next read, not a problem."""
+    progress: left for the next read, not a problem. Never raises."""
     decisions: List[InJobDecision] = []
-    problems: List[str] = []
-    lines = text.split("\n")
-    for number, line in enumerate(lines[:-1], 1):  # lines[-1]: "" after the last newline, or a torn line
-        if not line.strip():
-            continue
+    values, problems = json_safe.parse_lines(text, LIMITS, complete_only=True)
+    for number, obj in values:
         try:
-            decisions.append(parse_line(line))
+            decisions.append(decision_of(obj))
         except (ValueError, TypeError, RecursionError) as exc:
             problems.append(f"line {number}: {exc}")
     return decisions, problems
 
 
 def read(run_dir: Path) -> Tuple[List[InJobDecision], List[str]]:
-    """The run's in-job decisions; ([], []) without a journal. An unsafe file (a link, a FIFO, too big)
-    is one problem, and nothing of it is read."""
+    """The run's in-job decisions; ([], []) without a journal. An unsafe file (a link, a FIFO, too big, a
+    ``journal/`` that is a link: no link is followed below the run dir) is one problem, and nothing of it is read."""
     path = rundir.in_job_journal_path(run_dir)
     try:
-        data = rundir.read_bounded(path, MAX_BYTES)
+        data = rundir.read_bounded(path, MAX_BYTES, within=Path(run_dir))
     except FileNotFoundError:
         return [], []
     except OSError as exc:
-        return [], [f"{path}: {exc}"]
+        return [], [f"{path}: {exc.strerror or exc}"]
     return parse(data.decode("utf-8", errors="replace"))

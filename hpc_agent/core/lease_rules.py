@@ -28,6 +28,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
+from hpc_agent.core import json_safe
+
+_LEASE_LIMITS = json_safe.Limits(max_depth=4, max_line_bytes=64 << 10)
+"""A lease is one flat object (the job can write its run dir: bounded before it is parsed)."""
+
 DEFAULT_HEARTBEAT_S = 15.0
 MIN_STALE_S = 60.0
 ENV_HEARTBEAT_S = "HPC_AGENT_LEASE_HEARTBEAT_S"
@@ -88,7 +93,9 @@ class Holder:
     @classmethod
     def from_json(cls, text: str) -> Optional["Holder"]:
         try:
-            data = json.loads(text)
+            data, problem = json_safe.loads_object(text, _LEASE_LIMITS)
+            if problem:
+                return None
             return cls(job_id=str(data["job_id"]), attempt=int(data.get("attempt", 0)), host=str(data["host"]),
                        pid=int(data["pid"]), heartbeat=float(data["heartbeat"]),
                        started=float(data.get("started", data["heartbeat"])), token=str(data["token"]))

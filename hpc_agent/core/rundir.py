@@ -24,9 +24,13 @@ Layout (one home for it; nothing else spells these names)::
 A job can write anything into its run directory, and a user can replace a file by a FIFO or by a link
 to ``/dev/zero``. So files here are read as untrusted input: regular files only (``O_NOFOLLOW``,
 ``S_ISREG``), opened non-blocking (a FIFO never blocks the reader), and never more than a byte cap.
-``O_NOFOLLOW`` guards only the last part of a path, so the folders a job could swap for a link to
-elsewhere (``slurm/``, ``tb/``, ``checkpoints/`` and what is in them) are checked by their readers
-(:func:`find_logs`, ``metrics.tb_reader``, ``checkpoint_format.scan``), which skip or refuse a link, saying so.
+``O_NOFOLLOW`` guards only the last part of a path, so a reader given ``within`` (the run dir) opens its
+file one component at a time from there, ``O_NOFOLLOW`` at each (``hpc_agent.core.fsutil.open_beneath``): a
+``journal/`` or ``heartbeat/`` that is a link to another run's is refused, not followed. JSON read from here
+is parsed by ``hpc_agent.core.json_safe`` (:func:`read_json`, :func:`read_json_lines`): depth and size
+capped, a named problem instead of an exception. Folder walks (``slurm/``, ``tb/``, ``checkpoints/``) are
+checked by their readers (:func:`find_logs`, ``metrics.tb_reader``, ``checkpoint_format.scan``), which skip
+or refuse a link, saying so.
 What hpc_agent writes here is created ``0600``/``0700`` (see ``hpc_agent.core.filemodes``).
 """
 from __future__ import annotations
@@ -42,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from hpc_agent.core import heartbeat_format
+from hpc_agent.core import heartbeat_format, json_safe
+from hpc_agent.core.fsutil import LinkInPath, open_beneath
 from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps, over_cap
 
 CONFIG = "config.yaml"
@@ -227,10 +232,11 @@ def find_logs(run_dir: Optional[Path], job_key: str, stdout_pattern: Optional[st
     return LogChoice(tuple(paths), notes)
 
 
-def tail_logs(paths: Sequence[Path], tail_bytes: int, caps: ReadCaps = DEFAULT_CAPS
+def tail_logs(paths: Sequence[Path], tail_bytes: int, caps: ReadCaps = DEFAULT_CAPS, within: Optional[Path] = None
               ) -> Iterator[Tuple[Path, Union[LogText, OSError, str]]]:
-    """Each log's tail (:func:`tail_log`, at most ``tail_bytes``), or the OSError that refused it, while the
-    run's ``caps.run_bytes`` last; then, if logs were left unread, ``(path, note)`` once for the first of them."""
+    """Each log's tail (:func:`tail_log`, at most ``tail_bytes``; with ``within``, no link followed below that
+    run dir), or the OSError that refused it, while the run's ``caps.run_bytes`` last; then, if logs were left
+    unread, ``(path, note)`` once for the first of them."""
     left = caps.run_bytes
     for i, path in enumerate(paths):
         if left <= 0:
@@ -238,7 +244,7 @@ def tail_logs(paths: Sequence[Path], tail_bytes: int, caps: ReadCaps = DEFAULT_C
                                                               "log bytes are spent")
             return
         try:
-            log = tail_log(path, min(tail_bytes, left))
+            log = tail_log(path, min(tail_bytes, left), within)
         except OSError as exc:
             yield path, exc
             continue
@@ -247,12 +253,15 @@ def tail_logs(paths: Sequence[Path], tail_bytes: int, caps: ReadCaps = DEFAULT_C
 
 
 # --- bounded, regular-file-only reads -------------------------------------------------------------------
-def _open_regular(path: Path) -> Tuple[int, int]:
-    """An fd on ``path`` and its size, refusing links (O_NOFOLLOW), FIFOs (opened O_NONBLOCK, so the open
+def _open_regular(path: Path, within: Optional[Path] = None) -> Tuple[int, int]:
+    """An fd on ``path`` and its size, refusing links (O_NOFOLLOW; with ``within``, the run dir, at every
+    component below it: :func:`hpc_agent.core.fsutil.open_beneath`), FIFOs (opened O_NONBLOCK, so the open
     itself never waits for a writer) and devices."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags) if within is None else open_beneath(within, path, flags)
+    except LinkInPath as exc:
+        raise UnsafeFile(exc.errno, exc.strerror) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeFile(exc.errno, f"{path} is a symbolic link; not following it") from None
@@ -275,9 +284,10 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bounded(path: Path, max_bytes: int) -> bytes:
-    """The whole file, which must be a regular file of at most ``max_bytes`` (else :class:`UnsafeFile`)."""
-    fd, size = _open_regular(Path(path))
+def read_bounded(path: Path, max_bytes: int, within: Optional[Path] = None) -> bytes:
+    """The whole file, which must be a regular file of at most ``max_bytes`` (else :class:`UnsafeFile`).
+    ``within``: the run dir ``path`` is in; no link is followed at any component below it."""
+    fd, size = _open_regular(Path(path), within)
     try:
         if size > max_bytes:
             raise UnsafeFile(errno.EFBIG, f"{path} is {size} bytes, more than the {max_bytes} a {Path(path).name} "
@@ -290,13 +300,14 @@ def read_bounded(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def read_text(path: Path, max_bytes: int = CONFIG_MAX_BYTES) -> str:
-    return read_bounded(path, max_bytes).decode("utf-8", errors="replace")
+def read_text(path: Path, max_bytes: int = CONFIG_MAX_BYTES, within: Optional[Path] = None) -> str:
+    return read_bounded(path, max_bytes, within).decode("utf-8", errors="replace")
 
 
-def read_tail(path: Path, max_bytes: int) -> Tuple[str, bool]:
-    """The last ``max_bytes`` of a regular file as text, and whether it was cut (the file is longer)."""
-    fd, size = _open_regular(Path(path))
+def read_tail(path: Path, max_bytes: int, within: Optional[Path] = None) -> Tuple[str, bool]:
+    """The last ``max_bytes`` of a regular file as text, and whether it was cut (the file is longer).
+    ``within``: the run dir ``path`` is in; no link is followed at any component below it."""
+    fd, size = _open_regular(Path(path), within)
     try:
         start = max(0, size - max_bytes)
         data = os.pread(fd, max_bytes, start)
@@ -325,9 +336,9 @@ class LogText:
             yield (self.line_numbers[i] if i < len(self.line_numbers) else i + 1), line
 
 
-def tail_log(path: Path, max_bytes: int) -> LogText:
+def tail_log(path: Path, max_bytes: int, within: Optional[Path] = None) -> LogText:
     """The last ``max_bytes`` of a log as a :class:`LogText` that knows whether it is cut."""
-    text, cut = read_tail(path, max_bytes)
+    text, cut = read_tail(path, max_bytes, within)
     return LogText(Path(path).name, text, truncated=cut)
 
 
@@ -347,25 +358,86 @@ WORKDIR = "workdir"
 """run.json's key for the directory the first submit ran in (:func:`submit_workdir`)."""
 
 
-def read_run_json(run_dir: Path) -> Dict[str, Any]:
-    """``run.json`` as a dict ({} if absent). The job can write its run dir, so: bounded, regular file only."""
-    path = run_json_path(run_dir)
-    if not path.exists() and not path.is_symlink():
-        return {}
-    info = json.loads(read_bounded(path, JSON_MAX_BYTES))
+RUN_JSON_TYPES: Dict[str, Tuple[type, ...]] = {
+    "run_id": (str,), "job_name": (str,), "executor": (str,), "job_ids": (list,), "config": (str,),
+    "logs": (list,), "tensorboard": (str,), "updated_at": (str,), "submitted_at": (str,), WORKDIR: (str,),
+    "code_snapshot": (dict, str),
+}
+"""run.json's keys and the types they may hold (a job can rewrite the file: anything else is a problem)."""
+
+
+def run_json_problem(info: Any) -> Optional[str]:
+    """What is wrong with a parsed run.json (a type a key must not have), or None. Pure."""
     if not isinstance(info, dict):
-        raise ValueError(f"{path} holds {type(info).__name__}, not an object")
+        return f"holds {type(info).__name__}, not an object"
+    for key, types in RUN_JSON_TYPES.items():
+        if key in info and not isinstance(info[key], types):
+            return f"{key} is {type(info[key]).__name__}, not {' or '.join(t.__name__ for t in types)}"
+    for key in ("job_ids", "logs"):
+        if any(not isinstance(v, str) for v in info.get(key, [])):
+            return f"{key} holds something that is not a string"
+    return None
+
+
+def read_json(path: Path, max_bytes: int = JSON_MAX_BYTES, within: Optional[Path] = None,
+              limits: json_safe.Limits = json_safe.DEFAULT) -> Tuple[Dict[str, Any], Optional[str]]:
+    """A JSON object a job or another user may have written: ``(object, None)``, ``({}, None)`` when the
+    file does not exist, or ``({}, problem)`` naming the path. Bounded (bytes, depth), regular file only,
+    no link followed below ``within``. Never raises."""
+    try:
+        data = read_bounded(path, max_bytes, within)
+    except FileNotFoundError:
+        return {}, None
+    except OSError as exc:
+        return {}, f"{path}: {exc.strerror or exc}"
+    info, problem = json_safe.loads_object(data, json_safe.Limits(**{**limits.__dict__, "max_line_bytes": max_bytes}))
+    return info, (f"{path}: {problem}" if problem else None)
+
+
+def read_json_lines(path: Path, max_bytes: int = JSON_MAX_BYTES, within: Optional[Path] = None,
+                    limits: json_safe.Limits = json_safe.DEFAULT, complete_only: bool = False
+                    ) -> Tuple[List[Any], List[str]]:
+    """The JSON values of the last ``max_bytes`` of a JSON-lines file (``events.jsonl``, the in-job journal),
+    and one problem per line that is not JSON within ``limits`` (or one for a file that cannot be read:
+    a link, a FIFO). ``([], [])`` when it does not exist. Never raises."""
+    try:
+        text, _ = read_tail(path, max_bytes, within)
+    except FileNotFoundError:
+        return [], []
+    except OSError as exc:
+        return [], [f"{path}: {exc.strerror or exc}"]
+    except (MemoryError, ValueError) as exc:
+        return [], [f"{path}: not read ({type(exc).__name__})"]
+    values, problems = json_safe.parse_lines(text, limits, complete_only)
+    return [v for _, v in values], problems
+
+
+def read_run_json(run_dir: Path) -> Dict[str, Any]:
+    """``run.json`` as a dict ({} if absent). The job can write its run dir, so: bounded (bytes, depth),
+    regular file only, no link followed; ValueError naming the problem (not JSON, a key of the wrong type)."""
+    path = run_json_path(run_dir)
+    try:
+        data = read_bounded(path, JSON_MAX_BYTES, within=Path(run_dir))  # UnsafeFile (an OSError): a link, a FIFO
+    except FileNotFoundError:
+        return {}
+    info, problem = json_safe.loads_object(data, json_safe.Limits(max_line_bytes=JSON_MAX_BYTES))
+    problem = problem or run_json_problem(info)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     return info
 
 
 # --- what the live job says about itself ----------------------------------------------------------------
-def _rank_files(folder: Path, suffix: str) -> List[Tuple[int, Path]]:
-    """``rank-RRRRR<suffix>`` files of a folder that is not a link, by rank; at most MAX_RANK_FILES."""
-    if folder.is_symlink() or not folder.is_dir():
-        return []
+def _rank_files(run_dir: Path, folder: Path, suffix: str) -> List[Tuple[int, Path]]:
+    """``rank-RRRRR<suffix>`` files of a folder of the run dir that is not a link, by rank; at most
+    MAX_RANK_FILES. The folder is opened from the run dir without following a link at any level."""
     found: List[Tuple[int, Path]] = []
     try:
-        with os.scandir(folder) as entries:  # a folder stuffed with names is not read to its end
+        fd = open_beneath(run_dir, folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return []
+    try:
+        with os.scandir(fd) as entries:  # a folder stuffed with names is not read to its end
             for seen, entry in enumerate(entries):
                 m = re.fullmatch(r"rank-(\d{1,7})" + re.escape(suffix), entry.name)
                 if m:
@@ -374,16 +446,18 @@ def _rank_files(folder: Path, suffix: str) -> List[Tuple[int, Path]]:
                     break
     except OSError:
         return []
+    finally:
+        os.close(fd)
     return sorted(found)
 
 
 def read_heartbeats(run_dir: Path) -> List[heartbeat_format.Beat]:
-    """Every rank's latest beat, by rank. Links, non-regular, oversized and malformed files are skipped
-    (a half-written beat cannot be seen: the job replaces the file atomically)."""
+    """Every rank's latest beat, by rank. Links (at any level below the run dir), non-regular, oversized
+    and malformed files are skipped (a half-written beat cannot be seen: the job replaces the file atomically)."""
     beats: List[heartbeat_format.Beat] = []
-    for rank, path in _rank_files(heartbeat_dir(run_dir), ".json"):
+    for rank, path in _rank_files(Path(run_dir), heartbeat_dir(run_dir), ".json"):
         try:
-            beat = heartbeat_format.decode(read_bounded(path, heartbeat_format.MAX_BYTES))
+            beat = heartbeat_format.decode(read_bounded(path, heartbeat_format.MAX_BYTES, Path(run_dir)))
         except (OSError, ValueError):
             continue
         if beat.rank == rank:  # a file copied to another rank's name says nothing about that rank
@@ -394,9 +468,9 @@ def read_heartbeats(run_dir: Path) -> List[heartbeat_format.Beat]:
 def read_stacks(run_dir: Path) -> Dict[int, str]:
     """rank -> the last STACKS_TAIL_BYTES of its stack file (header line and faulthandler dumps)."""
     stacks: Dict[int, str] = {}
-    for rank, path in _rank_files(stacks_dir(run_dir), ".txt"):
+    for rank, path in _rank_files(Path(run_dir), stacks_dir(run_dir), ".txt"):
         try:
-            stacks[rank] = read_tail(path, STACKS_TAIL_BYTES)[0]
+            stacks[rank] = read_tail(path, STACKS_TAIL_BYTES, Path(run_dir))[0]
         except OSError:
             continue
     return stacks

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.core import rundir
+from hpc_agent.core import json_safe, rundir
 from hpc_agent.metrics.tb_reader import EVENT_GLOB
 from hpc_agent.remote import ssh
 
@@ -119,7 +119,7 @@ def export_main(path: Path, stream=None) -> int:
     """``review PATH --export-tb``: what the mirror has on stdin, the reply on stdout."""
     raw = (stream if stream is not None else sys.stdin.buffer).read(MAX_HAVE_BYTES + 1)
     try:
-        request = json.loads(raw or b"{}") if len(raw) <= MAX_HAVE_BYTES else None
+        request = json_safe.loads(raw or b"{}", json_safe.Limits(max_line_bytes=MAX_HAVE_BYTES))[0]
         have = request.get("have", {}) if isinstance(request, dict) else None
         budget = min(int(request.get("budget", BUDGET)), BUDGET) if isinstance(request, dict) else BUDGET
     except (ValueError, TypeError):
@@ -159,10 +159,10 @@ def _write(target: Path, offset: int, data: bytes) -> None:
 
 def _load_state(mirror: Path) -> Dict[str, Any]:
     try:
-        state = json.loads(rundir.read_bounded(mirror / STATE_FILE, MAX_HAVE_BYTES))
-    except (OSError, ValueError):
+        data = rundir.read_bounded(mirror / STATE_FILE, MAX_HAVE_BYTES)
+    except OSError:
         return {}
-    return state if isinstance(state, dict) else {}
+    return json_safe.loads_object(data, json_safe.Limits(max_line_bytes=MAX_HAVE_BYTES))[0]
 
 
 def apply(mirror: Path, reply: Dict[str, Any], state: Dict[str, Any]) -> Dict[str, int]:

@@ -5,12 +5,11 @@ The data half of ``review`` (the CLI prints it); the chaos driver reads it too. 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.config.load import load_run_config
 from hpc_agent.core import rundir
@@ -45,6 +44,10 @@ class Scalars:
     def problems(self) -> List[str]:
         return self._rs.problems() if self._rs is not None else []
 
+    def refused(self) -> List[str]:
+        """What under tb/ was refused, not just unreadable: links out of the run dir, folders nested too deep."""
+        return [self._rs.skipped[k] for k in sorted(self._rs.skipped)] if self._rs is not None else []
+
     def tags(self) -> List[str]:
         return sorted(self._rs.tags()) if self._rs is not None else []
 
@@ -60,29 +63,54 @@ def _is_run_dir(path: Path) -> bool:
     return rundir.is_run_dir(path)
 
 
-def _read_json(path: Path) -> Dict[str, Any]:
-    """A JSON object the job may have written: bounded, regular file only; {} if absent or unreadable."""
-    try:
-        info = json.loads(rundir.read_bounded(path, rundir.JSON_MAX_BYTES))
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+_STR, _INT, _DICT = (str,), (int,), (dict,)
+EVENT_TYPES: Dict[str, Tuple[type, ...]] = {
+    "run_id": _STR, "job_id": _STR, "cause": _STR, "action": _STR, "reason": _STR, "time": _STR,
+    "decided_in": (str, int), "attempt": _INT, "step": _INT, "seq": _INT, "in_job_seq": _INT,
+    "decision": _DICT, "config_diff": _DICT, "evidence": (list, dict, str),
+}
+"""The keys of an events.jsonl record that review reads, and the types they may hold (the job can write the
+file: a record with another type is not the watcher's, and is skipped as a problem)."""
+DECISION_TYPES: Dict[str, Tuple[type, ...]] = {"action": _STR, "cause": _STR, "reason": _STR, "patch": _DICT}
 
 
-def read_events(run_dir: Path) -> List[Dict[str, Any]]:
-    out = []
-    path = rundir.events_path(run_dir)
-    try:
-        text = rundir.read_tail(path, rundir.JSON_MAX_BYTES)[0] if path.exists() else ""
-    except OSError:  # a link or a FIFO in the run dir: not the watcher's audit trail
-        text = ""
-    if text:
-        for line in text.splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line while the watcher writes
-    return out
+def event_problem(record: Any) -> Optional[str]:
+    """What makes one parsed events.jsonl line unusable (not an object, a key of the wrong type), or None. Pure."""
+    if not isinstance(record, dict):
+        return f"holds {type(record).__name__}, not an object"
+    for types, where in ((EVENT_TYPES, record), (DECISION_TYPES, record.get("decision") or {})):
+        for key, allowed in types.items():
+            value = where.get(key)
+            if value is not None and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+                return f"{key} is {type(value).__name__}, not {' or '.join(t.__name__ for t in allowed)}"
+    return None
+
+
+def own_events(values: List[Any], run_id: str, job_ids: Any = ()) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """The records of ``values`` that are this run's, and problems: records of the wrong shape, and records
+    naming another run or (when the run's own job ids are known: the ledger's submissions) another job are
+    skipped and counted, once each kind. Pure."""
+    own, problems, foreign = [], [], 0
+    job_ids = {j for j in job_ids if j}
+    for value in values:
+        problem = event_problem(value)
+        if problem:
+            problems.append(f"events.jsonl: a record skipped: {problem}")
+            continue
+        if value.get("run_id") not in (None, run_id) or (job_ids and value.get("job_id") and
+                                                        value["job_id"] not in job_ids):
+            foreign += 1
+            continue
+        own.append(value)
+    if foreign:
+        problems.append(f"events.jsonl: {foreign} record(s) naming another run or job skipped (not this run's)")
+    return own, problems[:5] + ([f"events.jsonl: {len(problems) - 5} more bad record(s)"] if len(problems) > 5 else [])
+
+
+def read_events(run_dir: Path) -> Tuple[List[Any], List[str]]:
+    """events.jsonl's JSON values (oldest first) and one problem per line that is no JSON (deep, huge, torn)
+    or for a file that cannot be read (a link, a FIFO). The total reader: never raises."""
+    return rundir.read_json_lines(rundir.events_path(run_dir), within=Path(run_dir), complete_only=True)
 
 
 def _ledger(runs_root: Path):
@@ -161,9 +189,15 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
     (what is beyond them is in ``notes``)."""
     run_dir = Path(run_dir)
     runs_root = Path(runs_root) if runs_root else run_dir.parent
-    info = _read_json(rundir.run_json_path(run_dir))
+    info, problem = rundir.read_json(rundir.run_json_path(run_dir), within=run_dir)
+    problem = problem or rundir.run_json_problem(info)
+    problems = [problem if problem.startswith(str(run_dir)) else f"run.json: {problem}"] if problem else []
+    if problem:
+        info = {}
     run_id = info.get("run_id") or run_dir.name
-    events = read_events(run_dir)
+    values, read_problems = read_events(run_dir)
+    problems += [p.replace(str(run_dir) + "/", "") if p.startswith(str(run_dir)) else f"{rundir.EVENTS}: {p}"
+                 for p in read_problems]
     phase, created_at, submissions, decision_rows = None, None, [], []
     ledger = _ledger(runs_root)
     if ledger is not None:
@@ -176,6 +210,8 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
                 decision_rows = ledger.decisions(run_id)
         finally:
             ledger.close()
+    events, foreign = own_events(values, run_id, [s.job_id for s in submissions])
+    problems += foreign
     if phase is None:
         phase = "completed" if any(e.get("cause") == "completed" for e in events) else "unknown"
     max_steps = None
@@ -244,8 +280,30 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
         "ettr": ettr, "steps_lost": steps_lost, "boundaries": boundaries, "live": live,
         "decisions": decision_list(decision_rows, events), "in_job": in_job_markers(events),
         "notes": scalars.problems(),  # event files not read: links out of the run dir, corrupt records
+        "problems": problems + [f"{rundir.TB}/: {p}" for p in scalars.refused()],  # job-written files that are not what the watcher writes: run.json, events.jsonl
         "_curves": {**{tag: [(p.step, p.wall_time, p.value) for p in scalars.series(tag)] for tag in PLOT_TAGS},
                     "lost_loss": [(p.step, p.wall_time, p.value) for p in lost_loss]},
     }
 
 
+def review_runs(run_dirs: Sequence[Path], runs_root: Path, now: Optional[float] = None,
+                caps: ReadCaps = DEFAULT_CAPS) -> Tuple[List[Dict[str, Any]], List[Dict[str, str]]]:
+    """Each run's review, and ``[{"run_dir", "problem"}]`` for every run whose job-written files are not
+    what the watcher writes (a run that could not be reviewed at all is only there). One run's files never
+    stop the others: any exception while reviewing one becomes its problem."""
+    runs: List[Dict[str, Any]] = []
+    bad: List[Dict[str, str]] = []
+    for run_dir in run_dirs:
+        try:
+            review = review_run(run_dir, runs_root, now, caps)
+        except Exception as exc:  # noqa: BLE001 - one run's files must not hide the others
+            bad.append({"run_dir": str(run_dir), "problem": f"not reviewed: {type(exc).__name__}: {str(exc)[:300]}"})
+            continue
+        runs.append(review)
+        bad += [{"run_dir": str(run_dir), "problem": p} for p in review.get("problems", [])]
+    return runs, bad
+
+
+def problem_lines(bad: Sequence[Dict[str, str]]) -> List[str]:
+    """``RUN_DIR: problem``, printable characters only (the problem quotes job-written text)."""
+    return ["".join(c if c.isprintable() else "?" for c in f"{b['run_dir']}: {b['problem']}") for b in bad]

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hpc_agent.core.filemodes import open_created
 from hpc_agent.core.fsutil import pid_alive
 from hpc_agent.core.redact import redact_record
-from hpc_agent.core.rundir import events_path, read_tail
+from hpc_agent.core.rundir import EVENTS, events_path, read_json_lines
 from hpc_agent.state.ledger import Ledger
 
 EVENTS_TAIL_BYTES = 256 * 1024  # enough to hold the last lines we may have appended before a crash
@@ -120,14 +120,18 @@ class Journal:
     def unwritten_runs(self) -> set:
         return {row[0] for row in self.db.execute("SELECT DISTINCT run_id FROM audit WHERE written = 0")}
 
-    def flush_events(self, run_id: str, run_dir: Path, time_of, crash=lambda name: None) -> int:
-        """Append the run's unwritten audit records to its events.jsonl, each exactly once; returns how many."""
+    def flush_events(self, run_id: str, run_dir: Path, time_of, crash=lambda name: None,
+                     say=lambda text: None) -> int:
+        """Append the run's unwritten audit records to its events.jsonl, each exactly once; returns how many.
+        Lines of the file that are not the watcher's JSON (the job can write it) are said through ``say``."""
         rows = [(seq, at, json.loads(text)) for seq, at, text in self.db.execute(
             "SELECT seq, at, record FROM audit WHERE run_id = ? AND written = 0 ORDER BY seq", (run_id,))]
         if not rows:
             return 0
         unwritten = [seq for seq, _, _ in rows]
-        present = _seqs_in(events_path(run_dir))
+        present, problems = _seqs_in(run_dir)
+        if problems:
+            say(f"{EVENTS}: {len(problems)} line(s) skipped, not the watcher's JSON (first: {problems[0][:200]})")
         lines = [_line(run_id, seq, at, rec, time_of) for seq, at, rec in rows if seq not in present]
         crash("before_audit")
         if lines:
@@ -161,21 +165,14 @@ def _line(run_id: str, seq: int, at: float, record: Dict[str, Any], time_of) -> 
     return json.dumps({"time": time_of(at), "run_id": run_id, "seq": seq, **record}, sort_keys=True, default=str) + "\n"
 
 
-def _seqs_in(path: Path) -> set:
-    """The seq numbers in the last lines of events.jsonl (only our own recent appends can be missing a mark)."""
-    try:
-        text, _ = read_tail(path, EVENTS_TAIL_BYTES)
-    except FileNotFoundError:
-        return set()
-    seqs = set()
-    for line in text.splitlines():
-        try:
-            seq = json.loads(line).get("seq")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(seq, int):
-            seqs.add(seq)
-    return seqs
+def _seqs_in(run_dir: Path) -> Tuple[set, List[str]]:
+    """The seq numbers in the last lines of events.jsonl (only our own recent appends can be missing a mark).
+    The job can write the file: read with the run directory's total JSON-lines reader (a 100000-deep line,
+    a link, a FIFO: no seq from it, never an exception)."""
+    values, problems = read_json_lines(events_path(run_dir), EVENTS_TAIL_BYTES, within=Path(run_dir),
+                                       complete_only=True)
+    return {v["seq"] for v in values
+            if isinstance(v, dict) and isinstance(v.get("seq"), int) and not isinstance(v.get("seq"), bool)}, problems
 
 
 def _append(path: Path, text: str) -> None:

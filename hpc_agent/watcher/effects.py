@@ -345,6 +345,7 @@ class Carrier:
 
     def _flush_one(self, run: Run) -> None:
         try:
-            self.journal.flush_events(run.run_id, Path(run.run_dir), self.time_of, crash_point)
+            self.journal.flush_events(run.run_id, Path(run.run_dir), self.time_of, crash_point,
+                                      say=lambda text: self.ctx.say(run.run_id, text))
         except OSError as exc:  # the audit stays in the ledger; retried next tick
             self.ctx.say(run.run_id, f"events.jsonl not written ({exc}); the audit is kept in the ledger")

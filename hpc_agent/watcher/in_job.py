@@ -64,6 +64,26 @@ def record_new(journal: Any, run_id: str, decisions: List[InJobDecision]) -> Lis
     return new
 
 
+LOCAL_JOB = "local"
+"""The job id a job run without Slurm writes (``launch.recovery.own_job_id``)."""
+
+
+def own_job_ids(submissions: List[Any]) -> Tuple[str, ...]:
+    """The job ids that are this run's, from the ledger's submissions for it (written only by the watcher's
+    user): each submitted job id, and ``local`` where the run was submitted to the local executor. Pure."""
+    ids = {s.job_id for s in submissions if getattr(s, "job_id", None)}
+    if any(getattr(s, "executor", "") == "local" for s in submissions):
+        ids.add(LOCAL_JOB)
+    return tuple(sorted(ids))
+
+
+def split_own(decisions: List[InJobDecision], own: Tuple[str, ...]) -> Tuple[List[InJobDecision], List[InJobDecision]]:
+    """(this run's decisions, the others): a line naming a job the run never submitted (another run's job id,
+    copied or forged into this journal) is not this run's repair. Pure."""
+    mine = [d for d in decisions if d.job_id in own]
+    return mine, [d for d in decisions if d.job_id not in own]
+
+
 class InJobIngest:
     """The watcher's hook: each tick, for each followed run, record its new in-job decisions. One lstat per
     run per tick; the file is read only when its size or mtime changed. Never raises."""
@@ -92,16 +112,21 @@ class InJobIngest:
             info = os.lstat(rundir.in_job_journal_path(Path(run_dir)))
         except FileNotFoundError:
             return []
-        key = (info.st_size, info.st_mtime_ns)
+        own = own_job_ids(self.ledger.submissions(run_id))
+        key = (info.st_size, info.st_mtime_ns, own)  # a new submission's job makes foreign lines its own
         if self._seen.get(run_id) == key:
             return []
         if not stat.S_ISREG(info.st_mode):
             self._seen[run_id] = key
             self._once(run_id, f"{rundir.in_job_journal_path(Path(run_dir))} is not a regular file: not read")
             return []
-        decisions, problems = read(Path(run_dir))
+        decisions, problems = read(Path(run_dir))  # journal/ that is a link: refused (no link followed below the run dir)
         for problem in problems:
             self._once(run_id, f"in-job journal: skipped {problem}")
+        decisions, foreign = split_own(decisions, own)
+        if foreign:
+            self._once(run_id, f"in-job journal: {len(foreign)} line(s) naming job(s) this run never submitted "
+                               f"({', '.join(sorted({d.job_id for d in foreign})[:5])}) ignored: not this run's")
         new = record_new(self.journal, run_id, decisions)
         self._seen[run_id] = key
         for d in new:

@@ -155,7 +155,7 @@ def read_files(run_dir: Path, job_id: str, scalars: Optional[RunScalars], config
     logs = []
     choice = rundir.find_logs(run_dir, job_id, caps=caps)
     notes.extend(choice.notes)
-    for path, got in rundir.tail_logs(choice.paths, TAIL_BYTES, caps):
+    for path, got in rundir.tail_logs(choice.paths, TAIL_BYTES, caps, within=run_dir):
         if isinstance(got, rundir.LogText):
             logs.append(got)
         elif isinstance(got, str):

@@ -6,7 +6,9 @@ subprocess call). prepare's torch/DeepSpeed module is a stand-in, so no case imp
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import types
 from dataclasses import dataclass
@@ -206,6 +208,33 @@ def review_run(e: Env) -> List[str]:
     return [str(run)]
 
 
+def poisoned_run(e: Env) -> Path:
+    """A run whose job wrote an events.jsonl line nested 100000 deep (review/status/diagnose: exit 1, no traceback)."""
+    run = e.root / "r1"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "events.jsonl").write_text("[" * 100000 + "]" * 100000 + "\n")
+    (run / "run.json").write_text(json.dumps({"run_id": {"not": "a string"}}))
+    return run
+
+
+def diagnose_poisoned(e: Env) -> List[str]:
+    """sacct names run r1's job RUNNING; its only log is a FIFO the job planted."""
+    run = poisoned_run(e)
+    (run / "slurm").mkdir()
+    os.mkfifo(run / "slurm" / "42_0_log.out")
+    sacct = e.tmp / "sacct.txt"
+    sacct.write_text("JobID|JobName|State|ExitCode|NodeList|Start|End|Elapsed\n"
+                     "42|hpc_agent:r1|RUNNING|0:0|node1|2026-11-30T10:00:05|Unknown|00:01:07\n")
+    return ["--sacct-file", str(sacct), "--runs-root", str(e.root)]
+
+
+def status_poisoned(e: Env) -> List[str]:
+    e.slurm(lambda argv: (0, "", ""))
+    root = e.ledger()
+    poisoned_run(e)
+    return ["--runs-root", str(root)]
+
+
 def init_conflict(e: Env) -> List[str]:
     (e.tmp / "hpc_agent.yaml").write_text("mine: true\n")
     return [str(e.tmp)]
@@ -256,6 +285,9 @@ CASES = {
     ("diagnose", OK): lambda e: ["--sacct-file", str(SACCT / "completed.txt"), "--runs-root", str(e.root)],
     ("diagnose", USAGE): lambda e: [],
     ("review", OK): review_run,
+    ("review", FAILED): lambda e: [str(poisoned_run(e))],
+    ("status", FAILED): status_poisoned,
+    ("diagnose", FAILED): diagnose_poisoned,
     ("review", USAGE): lambda e: [str(e.tmp / "nope")],
     ("submit", REMOTE): lambda e: unreachable(e, "quickstart", f"run.runs_root={e.root}"),
     ("diagnose", REMOTE): lambda e: unreachable(e, "1234"),

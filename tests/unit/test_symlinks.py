@@ -170,7 +170,8 @@ def test_a_linked_slurm_folder_is_not_searched(run_dir, outside):
         rundir.tail_log(paths[0], 4096)
 
 
-def test_diagnose_refuses_a_linked_log_with_exit_2(run_dir, outside, capsys):
+def test_diagnose_refuses_a_linked_log_and_still_diagnoses_with_exit_1(run_dir, outside, capsys):
+    """The run dir's log is the job's file: refused and said (exit 1, issue 42 finding 4), the diagnosis goes on."""
     from hpc_agent import diagnose
     from hpc_agent.slurm.job_match import job_name_for
 
@@ -179,5 +180,7 @@ def test_diagnose_refuses_a_linked_log_with_exit_2(run_dir, outside, capsys):
     sacct = run_dir.parent.parent / "sacct.txt"
     sacct.write_text(f"JobID|JobName|State|ExitCode\n7|{job_name_for(run_dir.name)}|FAILED|1:0\n")
     code = diagnose.main(["7", "--sacct-file", str(sacct), "--runs-root", str(run_dir.parent)])
-    err = capsys.readouterr().err
-    assert code == 2 and "symbolic link" in err and "secret" not in err and "Traceback" not in err
+    captured = capsys.readouterr()
+    err = captured.err
+    assert code == 1 and "symbolic link" in err and "secret" not in err and "Traceback" not in err
+    assert captured.out.startswith("job 7: ")  # diagnosed from sacct all the same
