@@ -38,7 +38,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import heapq
-import json
 import os
 import re
 import stat

@@ -15,7 +15,6 @@ the run directory: it is skipped and named in :meth:`RunScalars.problems`.
 """
 from __future__ import annotations
 
-import fnmatch
 import heapq
 import os
 import re
@@ -31,9 +30,6 @@ EVENT_GLOB = "events.out.tfevents.*"
 TB_FLUSH_EVERY_S = 2.0
 """The built-in trainer's flush interval (seconds, ``launch/tblog.py``): a bound on how late the event file shows
 a step."""
-MAX_TB_DEPTH = 8
-"""Folders below ``tb/`` that are searched for event files (TensorBoard writers nest one or two; a job can
-nest thousands, which a recursive walk would not survive)."""
 RECORD_OVERHEAD = 16
 """TFRecord framing around each event: u64 length, u32 crc of the length, data, u32 crc of the data."""
 

@@ -22,7 +22,7 @@ from hpc_agent.slurm.queries import jobs_named, own_jobs
 from hpc_agent.state.ledger import Ledger
 from hpc_agent.watcher.effects import Context, settle_intent
 from tests.helpers.fake_slurm import FakeSlurm
-from tests.unit.test_watcher import FakeSubmitter, add_run, world  # noqa: F401 - the fake-Slurm watcher fixture
+from tests.unit.test_watcher import add_run, world  # noqa: F401 - the fake-Slurm watcher fixture
 
 OTHER = ("mallory", "4242")
 MINE, THEIRS = "555", "777"

@@ -75,7 +75,9 @@ def _poison(run_dir: Path, kind: str) -> None:
         raise AssertionError(kind)
 
 
-POISONS = ("deep_events", "deep_run_json", "run_json_types", "event_types", "deep_tb")
+POISONS = ("deep_events", "deep_run_json", "run_json_types", "event_types")
+"""Each makes its run *bad* (exit 1). A ``tb/`` tree deeper than the read cap is not bad: it is walked down to
+``tb_depth`` and the rest is named as a cap note (hpc_agent/core/read_caps.py), like 20k event files."""
 
 
 @pytest.fixture
@@ -130,8 +132,21 @@ def test_a_clean_root_still_exits_0(root):
         assert all(name in proc.stdout for name in (*GOOD, BAD))
 
 
+def test_a_tb_tree_past_the_depth_cap_is_named_as_a_cap_and_never_a_traceback(root):
+    _poison(root / BAD, "deep_tb")
+    review = _command("hpc_agent.review", str(root), "--json", cwd=root.parent)
+    assert review.returncode == 0 and "Traceback" not in review.stderr + review.stdout, review.stderr[-3000:]
+    shown = {r["run_id"]: r for r in json.loads(review.stdout)["runs"]}
+    assert set(shown) == {*GOOD, BAD}
+    assert any("tb_depth" in note for note in shown[BAD]["notes"]), shown[BAD]
+    assert not any(shown[name]["notes"] for name in GOOD)
+    table = _command("hpc_agent.review", str(root), cwd=root.parent)
+    assert table.returncode == 0 and f"review: {BAD}: over the read cap tb_depth" in table.stderr, table.stderr
+
+
 @pytest.mark.parametrize("kind", ("deep_tb", "fifo_log"))
 def test_diagnose_names_the_poisoned_file_and_still_diagnoses(root, kind):
+    """A FIFO log and a 100000-deep heartbeat are problems (exit 1); a tb/ tree past the depth cap is a note."""
     if kind == "deep_tb":
         _poison(root / BAD, kind)
     else:
@@ -147,8 +162,11 @@ def test_diagnose_names_the_poisoned_file_and_still_diagnoses(root, kind):
     proc = _command("hpc_agent.diagnose", "--sacct-file", str(sacct), "--runs-root", str(root), "--json",
                     cwd=root.parent)
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
-    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert proc.returncode == (1 if kind == "fifo_log" else 0), (proc.returncode, proc.stderr[-2000:])
     report = json.loads(proc.stdout)
     assert report["job_id"] == "1001" and report["cause"] == "running"
-    assert report["problems"] and all(line.startswith("diagnose: ") for line in proc.stderr.splitlines() if line)
+    if kind == "fifo_log":
+        assert report["problems"] and all(line.startswith("diagnose: ") for line in proc.stderr.splitlines() if line)
+    else:
+        assert "over the read cap tb_depth" in proc.stdout and not report["problems"]
     assert "1001_1_log.out" in report["logs"]  # the readable log was read all the same

@@ -10,7 +10,6 @@ audit trail and the job's ``running`` line (where the values read from the envir
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import urllib.error
@@ -20,9 +19,9 @@ from typing import List
 
 import pytest
 
-from hpc_agent.config.load import build_config, load_config, load_snapshot_text, to_yaml
+from hpc_agent.config.load import load_config, load_snapshot_text, to_yaml
 from hpc_agent.config.problems import ConfigError
-from hpc_agent.core.redact import MASK, redact, redact_argv, redact_command, redact_record
+from hpc_agent.core.redact import MASK, redact, redact_argv, redact_command
 from hpc_agent.runs.serve import TOKEN_ENV, token_from
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.ledger import Ledger
@@ -51,7 +50,7 @@ def _problems_of(tmp_path: Path, notify_lines: str, overrides: List[str] = ()) -
     (f"notify:\n  webhoook_url: {URL}\n", []),
     (f"notify:\n  webhook_url: ['{URL}']\n", []),
     # a URL the checks refuse
-    (f"notify:\n  webhook_url: 'ftp://user:pw@h/x?token=SECRET'\n", []),
+    ("notify:\n  webhook_url: 'ftp://user:pw@h/x?token=SECRET'\n", []),
     # on the command line
     ("", [f"notify.webhook_url={URL}", "notify.timeout_s=x"]),
     ("", [f"notify.webhook_url=[{URL}"]),

@@ -86,7 +86,7 @@ def test_a_run_that_raises_anywhere_is_parked_and_the_others_go_on(tmp_path, mon
     for job in jobs.values():
         slurm.preempt(job)  # each job is requeued by Slurm: the watcher expedites each (one effect per run)
 
-    report = watcher.tick()  # the watcher stays up: no exception leaves tick()
+    watcher.tick()  # the watcher stays up: no exception leaves tick()
 
     assert ledger.run("a").phase == "needs_attention"
     reasons = [r.get("reason", "") for _, _, r in Journal(ledger).audit_records("a")
