@@ -13,6 +13,7 @@ from hpc_agent.config.load import build_config, load_run_config
 from hpc_agent.core import in_job_journal, rundir
 from hpc_agent.core.exit_codes import EXIT_DIVERGED, EXIT_OUT_OF_MEMORY
 from hpc_agent.policy.adaptive_lr import adaptation_kind, adaptation_reason
+from hpc_agent.state import run_config
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.ledger import Ledger
 from hpc_agent.watcher.in_job import InJobIngest, audit_record
@@ -176,7 +177,7 @@ def test_an_adaptation_line_round_trips_and_is_audited_as_decided_in_the_job():
     (json.dumps(GOOD).replace('"at": 1500000000.0', '"at": NaN'), "NaN is not JSON"),
     (json.dumps({**GOOD, "rollback_to_step": -1}), "rollback_to_step"),
     (json.dumps({**GOOD, "reason": "x" * 5000}), "too long" if False else "reason"),
-    ("[" * 100000, "longer than"),
+    ("[" * 100000, "bytes allowed"),  # over the line cap: refused before any parsing (core/json_safe.py)
 ])
 def test_hostile_lines_are_skipped_with_a_problem(line, problem):
     decisions, problems = in_job_journal.parse(line + "\n" + in_job_journal.encode(_decision(2)))
@@ -204,9 +205,17 @@ def test_read_refuses_links_and_huge_files(tmp_path):
     assert decisions == [] and "bytes" in problems[0]
 
 
+def _submitted_run(ledger: Ledger, run_dir: Path) -> None:
+    """Run r1 as submit leaves it: its config recorded in the ledger, its job 7 submitted (the ingest takes only
+    lines of the run's own jobs, and each repair's patch into the ledger's copy of the config)."""
+    ledger.add_run("r1", "n", str(run_dir))
+    run_config.record(ledger, "r1", build_config([{"train": {"micro_batch_size": 4}}]), "submitted (submit)")
+    ledger.record_submitted(ledger.record_intent("r1", "slurm", str(run_dir / "config.yaml"), "submit"), "7")
+
+
 def test_ingest_records_each_line_once_as_a_job_decision(tmp_path):
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    ledger.add_run("r1", "n", str(tmp_path / "run"))
+    _submitted_run(ledger, tmp_path / "run")
     journal = Journal(ledger)
     said = []
     ingest = InJobIngest(ledger, journal, lambda run, text: said.append(text))
@@ -228,11 +237,12 @@ def test_ingest_records_each_line_once_as_a_job_decision(tmp_path):
     assert first["config_diff"] == {"train.micro_batch_size": {"from": 4, "to": 2}}
     assert ledger.decisions("r1") == []  # the watcher's per-attempt decisions are untouched
     assert sum("skipped line 2" in text for text in said) == 1
+    assert run_config.current(ledger, "r1").train.micro_batch_size == 2  # the repair reached the watcher's copy
 
 
 def test_ingest_never_raises(tmp_path):
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    ledger.add_run("r1", "n", str(tmp_path / "run"))
+    _submitted_run(ledger, tmp_path / "run")
     said = []
     ingest = InJobIngest(ledger, SimpleNamespace(), lambda run, text: said.append(text))
     path = rundir.in_job_journal_path(tmp_path / "run")
