@@ -37,7 +37,7 @@ from hpc_agent.jobs.submission import crash_point
 from hpc_agent.metrics.tb_reader import Point, RunScalars
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.sacct import group_attempts, parse_sacct
-from hpc_agent.state import audit, killswitch
+from hpc_agent.state import audit, killswitch, run_config
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.lifecycle import TERMINAL, Event, EventKind, Phase
 from hpc_agent.sweep import adopt as adoption
@@ -89,6 +89,15 @@ class Followed:
     scalars: RunScalars
     reported: set = field(default_factory=set)
     warned: bool = False
+    max_steps: Optional[int] = None
+    """The run's ``train.max_steps`` (the ledger's copy of its config), read once; 0 when unknown."""
+
+
+def still_training(reported: set, max_steps: int) -> bool:
+    """Whether pruning a trial would still stop work: False once it has reported its run's last step (it trained
+    to the end, and pruning it would discard a complete result rather than save compute). ``max_steps`` 0: not
+    known, so pruning is never held back."""
+    return not reported or max_steps <= 0 or max(reported) < max_steps
 
 
 class SweepDriver:
@@ -222,7 +231,7 @@ class SweepDriver:
                 self._cancel(f, f.trial.user_attrs[A_PRUNED])
                 run = self.ledger.run(f.run_id)
             outcome = trial_outcome(run.phase if run else None, state, pruned)
-            if outcome is None and f.trial.should_prune():
+            if outcome is None and still_training(f.reported, self._max_steps(f)) and f.trial.should_prune():
                 # Checked only while the run is unfinished: a trial that already completed is told as
                 # complete (its full result is there), pruning exists to stop work, not to discard it.
                 self._prune(f, max(f.reported) if f.reported else 0)
@@ -233,6 +242,14 @@ class SweepDriver:
                     self.say(f"trial {number}: job {sub.job_id} ended {state}; waiting for the watcher's decision")
                 continue
             self._tell(f, outcome)
+
+    def _max_steps(self, f: Followed) -> int:
+        if f.max_steps is None:
+            try:
+                f.max_steps = int(run_config.current(self.ledger, f.run_id).train.max_steps)  # recorded at submit
+            except Exception:  # noqa: BLE001 - not known: pruning is not held back
+                f.max_steps = 0
+        return f.max_steps
 
     def _slurm_states(self) -> Dict[str, str]:
         ids = [s.job_id for f in self.followed.values() if (s := self.ledger.latest_submission(f.run_id)) and s.job_id]

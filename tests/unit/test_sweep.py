@@ -16,7 +16,8 @@ from hpc_agent.config.problems import ConfigError
 from hpc_agent.metrics.tb_reader import Point
 from hpc_agent.state.ledger import LEDGER_FILE, Ledger
 from hpc_agent.sweep.batch import TrialJob, array_name, array_setup, task_job_id
-from hpc_agent.sweep.driver import A_BATCH, A_JOB, A_PRUNED, SweepDriver, new_reports, objective_value, trial_outcome
+from hpc_agent.sweep.driver import (A_BATCH, A_JOB, A_PRUNED, SweepDriver, new_reports, objective_value, still_training,
+                                    trial_outcome)
 from hpc_agent.sweep.spec import best_so_far, distribution, format_value, make_pruner, parse_spec, trial_overrides
 from hpc_agent.sweep.trials_table import summarize, trial_row
 from tests.conftest import REPO, run_cli
@@ -145,6 +146,19 @@ def test_only_new_steps_are_reported(points, reported, steps):
 ])
 def test_trial_outcome(phase, state, pruned, outcome):
     assert trial_outcome(phase, state, pruned) == outcome
+
+
+@pytest.mark.parametrize("reported, max_steps, expected", [
+    (set(), 1500, True),                 # nothing reported yet
+    ({100, 200, 1400}, 1500, True),      # still training: pruning stops work
+    ({100, 1500}, 1500, False),          # reported its last step: it trained to the end, told as complete
+    ({100, 1600}, 1500, False),
+    ({100, 1500}, 0, True),              # max_steps not known: never held back
+])
+def test_a_trial_that_reported_its_last_step_is_not_pruned(reported, max_steps, expected):
+    """The CI sweep saw a trial pruned at its final report (step 1500 of 1500): its complete result was discarded
+    and no work was saved."""
+    assert still_training(reported, max_steps) is expected
 
 
 # --- pruning decisions (Optuna's pruners, configured from the sweep file) ---------------------------------
