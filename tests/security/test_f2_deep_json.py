@@ -11,31 +11,13 @@ from __future__ import annotations
 import json
 import time
 
-from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.core import rundir
-from hpc_agent.jobs.submission import record_job
-from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.state.ledger import Ledger
-from hpc_agent.state.lifecycle import Event, EventKind
 from hpc_agent.watcher.loop import Watcher
-from tests.helpers.fake_slurm import FakeSlurm
+from tests.helpers.running_runs import fake_world, running_run
 
-PREEMPTION_LOG = "[hpc_agent] signal SIGTERM at step 12: checkpoint step_00000012 complete in 0.0s; exiting 75\n"
 DEEP = 100_000
 POISON = "[" * DEEP + "]" * DEEP + "\n"
-
-
-def _run(root, ledger, slurm, run_id):
-    run_dir = root / run_id
-    rundir.slurm_dir(run_dir).mkdir(parents=True)
-    path = write_run_config(run_dir, build_config([{"run": {"name": run_id}}]))
-    job = slurm.submit(job_name_for(run_id))
-    slurm.start(job)
-    ledger.add_run(run_id, run_id, str(run_dir))
-    record_job(ledger, ledger.record_intent(run_id, "slurm", str(path), "submit"), run_id, job)
-    ledger.advance(run_id, Event(EventKind.STARTED, job))
-    (rundir.slurm_dir(run_dir) / f"{job}_0_log.out").write_text(PREEMPTION_LOG)
-    return run_dir, job
 
 
 def _events(run_dir):
@@ -44,16 +26,12 @@ def _events(run_dir):
 
 
 def test_a_100000_deep_events_line_neither_stops_the_tick_nor_a_restart(tmp_path):
-    slurm = FakeSlurm()
-    root = tmp_path / "runs"
-    ledger = Ledger(root / "ledger.sqlite", clock=lambda: slurm.now)
-    runs = {name: _run(root, ledger, slurm, name) for name in ("a-good", "b-poisoned", "c-good")}
+    root, ledger, slurm, watcher, out = fake_world(tmp_path)
+    runs = {name: running_run(root, ledger, slurm, name) for name in ("a-good", "b-poisoned", "c-good")}
     poisoned_dir, _ = runs["b-poisoned"]
     rundir.events_path(poisoned_dir).write_text(POISON)  # the job (or a group member) planted it
     for _, job in runs.values():
         slurm.preempt(job)  # every run gets an expedite: an audit record, appended after the seq scan
-    out = []
-    watcher = Watcher(ledger, slurm, runs_root=root, clock=lambda: slurm.now, out=out.append)
 
     started = time.monotonic()
     report = watcher.tick()  # raised RecursionError before the fix

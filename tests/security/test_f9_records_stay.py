@@ -16,30 +16,16 @@ import os
 
 import pytest
 
-from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.core import in_job_journal, rundir
 from hpc_agent.core.fsutil import LinkInPath, open_beneath
-from hpc_agent.jobs.submission import record_job
 from hpc_agent.runs.history import review_run
-from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.state.journal import Journal
 from hpc_agent.state.ledger import Ledger
-from hpc_agent.state.lifecycle import Event, EventKind
-from hpc_agent.watcher.loop import Watcher
-from tests.helpers.fake_slurm import FakeSlurm
+from tests.helpers.running_runs import fake_world, running_run
 
 
-def _run(root, ledger, slurm, run_id):
-    run_dir = root / run_id
-    rundir.slurm_dir(run_dir).mkdir(parents=True)
-    path = write_run_config(run_dir, build_config([{"run": {"name": run_id}}]))
-    job = slurm.submit(job_name_for(run_id))
-    slurm.start(job)
-    ledger.add_run(run_id, run_id, str(run_dir))
-    record_job(ledger, ledger.record_intent(run_id, "slurm", str(path), "submit"), run_id, job)
-    ledger.advance(run_id, Event(EventKind.STARTED, job))
-    (rundir.slurm_dir(run_dir) / f"{job}_0_log.out").write_text("[hpc_agent] step 3 loss 2.0\n")
-    return run_dir, job
+STEP_LOG = "[hpc_agent] step 3 loss 2.0\n"
+"""A run still training: the watcher only ingests its journal."""
 
 
 def _line(job_id: str, seq: int = 1, reason: str = "next OOM-ladder rung") -> str:
@@ -60,19 +46,15 @@ def _in_job(ledger, run_id):
 
 @pytest.fixture
 def world(tmp_path):
-    slurm = FakeSlurm()
-    root = tmp_path / "runs"
-    ledger = Ledger(root / "ledger.sqlite", clock=lambda: slurm.now)
-    out = []
-    watcher = Watcher(ledger, slurm, runs_root=root, clock=lambda: slurm.now, out=out.append)
+    root, ledger, slurm, watcher, out = fake_world(tmp_path)
     yield root, ledger, slurm, watcher, out
     ledger.close()
 
 
 def test_a_journal_line_naming_another_runs_job_stays_out_of_this_runs_audit(world):
     root, ledger, slurm, watcher, out = world
-    a_dir, a_job = _run(root, ledger, slurm, "a")
-    b_dir, b_job = _run(root, ledger, slurm, "b")
+    a_dir, a_job = running_run(root, ledger, slurm, "a", STEP_LOG)
+    b_dir, b_job = running_run(root, ledger, slurm, "b", STEP_LOG)
     # A's job (or anyone who can write A's run dir) forges B's repair into A's journal, next to A's own line
     _write_journal(a_dir / "journal", _line(b_job, 1, "forged: B's job in A's journal") + _line(a_job, 2))
     _write_journal(b_dir / "journal", _line(b_job, 1))
@@ -91,8 +73,8 @@ def test_a_journal_line_naming_another_runs_job_stays_out_of_this_runs_audit(wor
 
 def test_a_journal_folder_linked_elsewhere_is_not_followed(world, tmp_path):
     root, ledger, slurm, watcher, out = world
-    a_dir, a_job = _run(root, ledger, slurm, "a")
-    b_dir, b_job = _run(root, ledger, slurm, "b")
+    a_dir, a_job = running_run(root, ledger, slurm, "a", STEP_LOG)
+    b_dir, b_job = running_run(root, ledger, slurm, "b", STEP_LOG)
     # B's journal holds a line naming A's job (as B's dir could, or any folder the attacker controls), and
     # A's journal/ is a link to it: only the link's last component was ever checked
     _write_journal(b_dir / "journal", _line(a_job, 1, "forged: through a linked journal/"))

@@ -9,43 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_agent.config.load import build_config, write_run_config
-from hpc_agent.core import rundir
-from hpc_agent.jobs.submission import record_job
-from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.state.journal import Journal
-from hpc_agent.state.ledger import Ledger
-from hpc_agent.state.lifecycle import Event, EventKind
-from hpc_agent.watcher.loop import Watcher
-from tests.helpers.fake_slurm import FakeSlurm
+from tests.helpers.running_runs import fake_world, running_run
 
-PREEMPTED = "[hpc_agent] signal SIGTERM at step 12: checkpoint step_00000012 complete in 0.0s; exiting 75\n"
 
 
 class OddError(Exception):
     """An exception type nobody's ``except`` list names."""
 
 
-def _run(root, ledger, slurm, run_id):
-    run_dir = root / run_id
-    rundir.slurm_dir(run_dir).mkdir(parents=True)
-    path = write_run_config(run_dir, build_config([{"run": {"name": run_id}}]))
-    job = slurm.submit(job_name_for(run_id))
-    slurm.start(job)
-    ledger.add_run(run_id, run_id, str(run_dir))
-    record_job(ledger, ledger.record_intent(run_id, "slurm", str(path), "submit"), run_id, job)
-    ledger.advance(run_id, Event(EventKind.STARTED, job))
-    (rundir.slurm_dir(run_dir) / f"{job}_0_log.out").write_text(PREEMPTED)
-    return run_dir, job
-
-
 def _world(tmp_path, names=("a", "b", "c")):
-    slurm = FakeSlurm()
-    root = tmp_path / "runs"
-    ledger = Ledger(root / "ledger.sqlite", clock=lambda: slurm.now)
-    out = []
-    watcher = Watcher(ledger, slurm, runs_root=root, clock=lambda: slurm.now, out=out.append)
-    jobs = {name: _run(root, ledger, slurm, name)[1] for name in names}
+    root, ledger, slurm, watcher, out = fake_world(tmp_path)
+    jobs = {name: running_run(root, ledger, slurm, name)[1] for name in names}
     return root, ledger, slurm, watcher, out, jobs
 
 

@@ -7,50 +7,16 @@ from __future__ import annotations
 
 import os
 
-from hpc_agent.config.load import build_config, write_run_config
 from hpc_agent.core import rundir
-from hpc_agent.jobs.submission import record_job
-from hpc_agent.slurm.job_match import job_name_for
-from hpc_agent.state import run_config
 from hpc_agent.state.journal import Journal
-from hpc_agent.state.ledger import Ledger
-from hpc_agent.state.lifecycle import Event, EventKind
-from hpc_agent.watcher.loop import Watcher
-from tests.helpers.fake_slurm import FakeSlurm
+from tests.helpers.running_runs import PREEMPTION_LOG, fake_world, running_run
 
-PREEMPTION_LOG = "[hpc_agent] signal SIGTERM at step 12: checkpoint step_00000012 complete in 0.0s; exiting 75\n"
-
-
-def _run(root, ledger, slurm, run_id, log, recorded=True):
-    """A running run; ``recorded`` False: one submitted before the ledger kept configs (the watcher adopts its
-    config.yaml on first use: hpc_agent/state/run_config.py), so a broken config.yaml is a problem of the run."""
-    run_dir = root / run_id
-    rundir.slurm_dir(run_dir).mkdir(parents=True)
-    path = write_run_config(run_dir, build_config([{"run": {"name": run_id}}]))
-    job = slurm.submit(job_name_for(run_id))
-    slurm.start(job)
-    ledger.add_run(run_id, run_id, str(run_dir))
-    if recorded:
-        run_config.record(ledger, run_id, build_config([{"run": {"name": run_id}}]), "submitted (submit)")
-    record_job(ledger, ledger.record_intent(run_id, "slurm", str(path), "submit"), run_id, job)
-    ledger.advance(run_id, Event(EventKind.STARTED, job))
-    (rundir.slurm_dir(run_dir) / f"{job}_0_log.out").write_text(log)
-    return run_dir, job
-
-
-def _world(tmp_path):
-    slurm = FakeSlurm()
-    root = tmp_path / "runs"
-    ledger = Ledger(root / "ledger.sqlite", clock=lambda: slurm.now)
-    out = []
-    watcher = Watcher(ledger, slurm, runs_root=root, clock=lambda: slurm.now, out=out.append)
-    return root, ledger, slurm, watcher, out
 
 
 def test_a_poisoned_run_is_parked_and_a_preempted_one_is_still_expedited_on_the_same_tick(tmp_path):
-    root, ledger, slurm, watcher, out = _world(tmp_path)
-    a_dir, a_job = _run(root, ledger, slurm, "a", "[hpc_agent] step 3 loss 2.0\n", recorded=False)
-    _, b_job = _run(root, ledger, slurm, "b", PREEMPTION_LOG)
+    root, ledger, slurm, watcher, out = fake_world(tmp_path)
+    a_dir, a_job = running_run(root, ledger, slurm, "a", "[hpc_agent] step 3 loss 2.0\n", recorded=False)
+    _, b_job = running_run(root, ledger, slurm, "b", PREEMPTION_LOG)
     rundir.config_path(a_dir).write_text("train: [unclosed\n")
     log = rundir.slurm_dir(a_dir) / f"{a_job}_0_log.out"
     log.unlink()
@@ -72,9 +38,9 @@ def test_a_poisoned_run_is_parked_and_a_preempted_one_is_still_expedited_on_the_
 def test_an_exception_in_the_core_parks_only_that_run(tmp_path, monkeypatch):
     import hpc_agent.watcher.loop as watcher_module
 
-    root, ledger, slurm, watcher, out = _world(tmp_path)
-    _, a_job = _run(root, ledger, slurm, "a", "")
-    _, b_job = _run(root, ledger, slurm, "b", PREEMPTION_LOG)
+    root, ledger, slurm, watcher, out = fake_world(tmp_path)
+    _, a_job = running_run(root, ledger, slurm, "a", "")
+    _, b_job = running_run(root, ledger, slurm, "b", PREEMPTION_LOG)
     real = watcher_module.follow
 
     def follow(state, obs, limits):
@@ -94,8 +60,8 @@ def test_an_exception_in_the_core_parks_only_that_run(tmp_path, monkeypatch):
 def test_resume_run_follows_a_parked_run_again(tmp_path):
     from hpc_agent.watch import main
 
-    root, ledger, slurm, watcher, out = _world(tmp_path)
-    a_dir, a_job = _run(root, ledger, slurm, "a", "", recorded=False)
+    root, ledger, slurm, watcher, out = fake_world(tmp_path)
+    a_dir, a_job = running_run(root, ledger, slurm, "a", "", recorded=False)
     rundir.config_path(a_dir).write_text("train: [unclosed\n")
     slurm.fail(a_job, 3)
     watcher.tick()
