@@ -63,6 +63,12 @@ def is_secret_name(name: Any) -> bool:
     return len(last) <= 256 and _NAME_CHARS.fullmatch(last) is not None and _SECRET_WORD.search(last) is not None
 
 
+def _names_a_secret_key(text: str, at: int) -> bool:
+    """Whether ``text`` at ``at`` holds a secret-named key with its separator (``password: ``, ``token=``)."""
+    name = _NAME_CHARS.match(text, at)
+    return name is not None and is_secret_name(name.group(0)) and _AFTER_KEY.match(text, name.end()) is not None
+
+
 def _mask_key_values(text: str) -> str:
     """``token=V``, ``"password": "V"``, ``HF_TOKEN=V``, ``--api-key V`` -> the value masked. One pass over the names in the
     text (a regex with an open-ended name before the secret word would be quadratic on ``a-a-a-...``)."""
@@ -74,6 +80,8 @@ def _mask_key_values(text: str) -> str:
         after = _AFTER_KEY.match(text, name.end())
         if after is None and name.group(0).startswith("-"):  # an option and its value: --api-key V
             after = _AFTER_OPTION.match(text, name.end())
+            if after is not None and _names_a_secret_key(text, after.start("value")):
+                continue  # "-TOKEN password: V": the next word is a key of its own, and its value the secret
         if after is None:
             continue
         out += [text[done:after.start("value")], MASK]

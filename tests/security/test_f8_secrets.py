@@ -78,6 +78,8 @@ def test_submit_prints_no_secret_for_a_bad_config(tmp_path):
     ("token=abc123", "abc123"), ("{'password': 'hunter22'}", "hunter22"), ('"api_key": "k-12345"', "k-12345"),
     ("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz", "hf_abc"), ("Authorization: Bearer eyJhbGciOi.J9eyJzdWIi.OiIxMjM0", "eyJ"),
     ("ghp_0123456789abcdefghijABCDEFGHIJ", "ghp_0123"), ("AKIAABCDEFGHIJKLMNOP", "AKIA"),
+    # found by the hypothesis test below: an option-like secret name must not take the next key as its value
+    ("-TOKEN password: Zq9sEcReTvAlUe77", "Zq9sEcReTvAlUe77"), ("--api-key token=Zq9sEcReTvAlUe77", "Zq9sEcReT"),
 ])
 def test_redact_table(text, leak):
     assert leak not in redact(f"see {text} here")
