@@ -64,9 +64,11 @@ def is_secret_name(name: Any) -> bool:
 
 
 def _names_a_secret_key(text: str, at: int) -> bool:
-    """Whether ``text`` at ``at`` holds a secret-named key with its separator (``password: ``, ``token=``)."""
+    """Whether ``text`` at ``at`` holds a secret-named key with its separator right after it (``password: V``,
+    ``token=V``): a word followed by a space is a value, whatever letters it holds."""
     name = _NAME_CHARS.match(text, at)
-    return name is not None and is_secret_name(name.group(0)) and _AFTER_KEY.match(text, name.end()) is not None
+    return (name is not None and text[name.end():name.end() + 1] in ("=", ":") and is_secret_name(name.group(0))
+            and _AFTER_KEY.match(text, name.end()) is not None)
 
 
 def _mask_key_values(text: str) -> str:
