@@ -30,6 +30,7 @@ _SECRET_WORD = re.compile(r"(?i)token(?!s)|secret|passw(?:or)?d|pwd|api[_-]?key|
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]+")  # a key, option or variable name: each found once (linear)
 _AFTER_KEY = re.compile(r"(?i)(?P<q1>['\"]?)(?P<sep>[ \t]*[=:][ \t]*)(?P<q2>['\"]?)"
                         r"(?P<value>(?:bearer[ \t]+|basic[ \t]+)?[^\s'\",;&)}\]]{1,4096})")
+_KEY_SEPARATOR = re.compile(r"['\"]?[=:]")  # right after a key's name ("password:", '"api_key":'), no space before
 _AFTER_OPTION = re.compile(r"[ \t]+['\"]?(?P<value>[^\s'\",;&)}\]]{1,4096})")
 _BEARER = re.compile(r"(?i)\b(bearer|basic)[ \t]+[A-Za-z0-9._~+/=-]{8,4096}")
 # Each shape starts with a fixed prefix and has bounded repeats: the scan stays linear on any input.
@@ -63,11 +64,16 @@ def is_secret_name(name: Any) -> bool:
     return len(last) <= 256 and _NAME_CHARS.fullmatch(last) is not None and _SECRET_WORD.search(last) is not None
 
 
-def _names_a_secret_key(text: str, at: int) -> bool:
-    """Whether ``text`` at ``at`` holds a secret-named key with its separator right after it (``password: V``,
-    ``token=V``): a word followed by a space is a value, whatever letters it holds."""
+def _starts_a_secret(text: str, at: int) -> bool:
+    """Whether the word at ``at`` is itself a secret's name, whose own value the scan masks next: an option
+    (``--api-key V``) or a key with its separator right after it (``password: V``, ``token=V``). A word followed
+    by a space is a value, whatever letters it holds."""
     name = _NAME_CHARS.match(text, at)
-    return (name is not None and text[name.end():name.end() + 1] in ("=", ":") and is_secret_name(name.group(0))
+    if name is None:
+        return False
+    if name.group(0).startswith("-"):
+        return is_secret_name(name.group(0).lstrip("-"))
+    return (_KEY_SEPARATOR.match(text, name.end()) is not None and is_secret_name(name.group(0))
             and _AFTER_KEY.match(text, name.end()) is not None)
 
 
@@ -82,10 +88,8 @@ def _mask_key_values(text: str) -> str:
         after = _AFTER_KEY.match(text, name.end())
         if after is None and name.group(0).startswith("-"):  # an option and its value: --api-key V
             after = _AFTER_OPTION.match(text, name.end())
-            if after is not None and _names_a_secret_key(text, after.start("value")):
-                continue  # "-TOKEN password: V": the next word is a key of its own, and its value the secret
-        if after is None:
-            continue
+        if after is None or _starts_a_secret(text, after.start("value")):
+            continue  # "TOKEN= password: V", "-TOKEN --api-key V": the next word names its own secret, masked next
         out += [text[done:after.start("value")], MASK]
         done = after.end("value")
     return "".join(out) + text[done:] if out else text

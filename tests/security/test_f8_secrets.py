@@ -80,7 +80,8 @@ def test_submit_prints_no_secret_for_a_bad_config(tmp_path):
     ("ghp_0123456789abcdefghijABCDEFGHIJ", "ghp_0123"), ("AKIAABCDEFGHIJKLMNOP", "AKIA"),
     # found by the hypothesis test below: an option-like secret name must not take the next key as its value
     ("-TOKEN password: Zq9sEcReTvAlUe77", "Zq9sEcReTvAlUe77"), ("--api-key token=Zq9sEcReTvAlUe77", "Zq9sEcReT"),
-    ("--api-key Zq9sEcReTvAlUe77 =0", "Zq9sEcReT"),  # a value that happens to contain "secret" is still the value
+    ("--api-key Zq9sEcReTvAlUe77 =0", "Zq9sEcReT"), ("-TOKEN --api-key Zq9sEcReTvAlUe77", "Zq9sEcReT"),
+    ("TOKEN= password: Zq9sEcReTvAlUe77", "Zq9sEcReT"), ('TOKEN= "api_key": "Zq9sEcReTvAlUe77"', "Zq9sEcReT"),  # a value that happens to contain "secret" is still the value
 ])
 def test_redact_table(text, leak):
     assert leak not in redact(f"see {text} here")
