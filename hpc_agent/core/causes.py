@@ -17,6 +17,7 @@ class Cause(str, Enum):
     NODE_FAIL = "node_fail"
     HOST_OOM = "host_oom"
     GPU_OOM = "gpu_oom"
+    SHM_EXHAUSTED = "shm_exhausted"
     NCCL_ERROR = "nccl_error"
     GPU_HW_ERROR = "gpu_hw_error"
     DIVERGED = "diverged"
@@ -39,7 +40,8 @@ WAITING = frozenset({Cause.RUNNING, Cause.PENDING, Cause.UNKNOWN})
 
 # Faults that can *cause* other ranks to fail but are never themselves the echo of another rank's
 # failure. NCCL errors and Python tracebacks are often echoes (a peer died, or SIGTERM arrived).
-PRIMARY_FAULTS = frozenset({Cause.GPU_HW_ERROR, Cause.ENV_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.DIVERGED})
+PRIMARY_FAULTS = frozenset({Cause.GPU_HW_ERROR, Cause.ENV_ERROR, Cause.HOST_OOM, Cause.GPU_OOM, Cause.SHM_EXHAUSTED,
+                            Cause.DIVERGED})
 SECONDARY_FAULTS = frozenset({Cause.CODE_ERROR, Cause.NCCL_ERROR})
 
 SUMMARY: Dict[str, str] = {
@@ -51,6 +53,8 @@ SUMMARY: Dict[str, str] = {
     "node_fail": "a node of the job failed or stopped responding",
     "host_oom": "the job used more host (CPU) memory than its --mem allows; the cgroup OOM killer ended it",
     "gpu_oom": "a GPU ran out of memory (CUDA out of memory)",
+    "shm_exhausted": "shared memory (/dev/shm) ran full: data-loader workers pass batches through it, and a full "
+                     "/dev/shm shows as a Bus error or 'No space left on device' in a worker",
     "nccl_error": "collective communication between ranks failed or timed out (NCCL/Gloo)",
     "gpu_hw_error": "a GPU reported a hardware fault (Xid, uncorrectable ECC, fallen off the bus, health check)",
     "diverged": "training diverged (NaN/inf loss, or the FP16 loss scale hit its minimum)",
@@ -62,7 +66,8 @@ SUMMARY: Dict[str, str] = {
                     "train, so the two cannot overwrite each other's checkpoints",
     "hung": "the job stopped making progress while it still held its nodes (no new step, or no training "
             "phase, within the hang limit its heartbeat and resilience settings give)",
-    "unknown": "the state is unknown (sacct failed or has no record yet)",
+    "unknown": "not known: either the state (sacct failed or has no record yet: wait) or, for an attempt that "
+               "ended, the cause (no positive evidence for any cause: the hypotheses are in the evidence)",
 }
 
 ADVICE: Dict[str, str] = {
@@ -77,6 +82,8 @@ ADVICE: Dict[str, str] = {
     "host_oom": "Ask for more memory (slurm.mem) or offload less to the CPU (train.offload).",
     "gpu_oom": "Halve train.micro_batch_size and double train.grad_accum_steps (same global batch); then "
                "train.activation_checkpointing=true, a higher train.zero_stage, train.offload=optimizer.",
+    "shm_exhausted": "Use fewer data-loader workers (train.loader_workers; your script reads HPC_AGENT_LOADER_WORKERS), "
+                     "or give the container a larger /dev/shm; shared memory counts against the job's --mem.",
     "nccl_error": "Resume once (often transient); if it repeats, exclude the nodes involved. If another rank "
                   "failed first, fix that rank's error instead.",
     "gpu_hw_error": "Resubmit excluding that node (slurm.exclude) and report the node to the admins.",
@@ -91,5 +98,8 @@ ADVICE: Dict[str, str] = {
     "hung": "The watcher asks the ranks for their Python stacks (SIGURG), cancels the attempt and resubmits it from "
             "the newest checkpoint, excluding a node the evidence points at; a second hang at the same step in "
             "the same frame is a bug: look at the stuck frame in the evidence.",
-    "unknown": "Wait and ask again: a missing sacct answer is not a failure.",
+    "unknown": "While the state is unknown: wait and ask again, a missing sacct answer is not a failure. For an "
+               "attempt that ended without positive evidence of a cause: the watcher requeues it once, unchanged, "
+               "from the newest checkpoint (a transient fault rarely repeats); a second unknown end at the same "
+               "step parks the run in needs_attention with the log lines and the hypotheses.",
 }

@@ -54,13 +54,18 @@ class Diagnosis:
     bad_nodes: Tuple[str, ...] = ()
     """Nodes the evidence blames (the failed node, the GPU's node, the nodes of the NCCL errors)."""
     divergence_step: Optional[int] = None
+    ended: bool = False
+    """The attempt is over (a final Slurm state): an ``unknown`` cause then means "no positive evidence for any
+    cause", which the policy treats apart from an unknown *state* (wait)."""
+    hypotheses: Tuple[str, ...] = ()
+    """For an ``unknown`` cause: the best guesses, each ``"cause: why"``, most likely first."""
     root: Optional[Finding] = field(default=None, compare=False)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"job_id": self.job_id, "attempt": self.attempt_index, "state": self.state,
                 "exit_code": self.exit_code, "cause": self.cause.value, "evidence": list(self.evidence),
                 "nodes": list(self.nodes), "bad_nodes": list(self.bad_nodes),
-                "divergence_step": self.divergence_step}
+                "divergence_step": self.divergence_step, "ended": self.ended, "hypotheses": list(self.hypotheses)}
 
 
 def _year(attempt: Attempt) -> Optional[int]:
@@ -278,3 +283,22 @@ def classify_job(attempts: Sequence[Attempt], logs: Sequence[LogText] = (), alar
     shares = logs_per_attempt(attempts, logs)
     last = len(attempts) - 1
     return [classify_attempt(a, shares[i], alarms if i == last else (), exit_codes) for i, a in enumerate(attempts)]
+
+
+LOGS_ONLY_HEAD = "no sacct record: the state is unknown; the cause is read from the logs alone"
+
+
+def classify_logs(logs: Sequence[LogText], alarms: Sequence[Alarm] = (), job_id: str = "") -> Diagnosis:
+    """The cause from log text alone (``diagnose --log FILE`` with no job id or sacct text): the state is
+    unknown (``state`` empty, ``ended`` False), the cause is what the lines show positively, else ``unknown``."""
+    findings = scan_logs(logs) + _alarm_findings(alarms)
+    plain_cancel = [f for f in findings if f.cause == Cause.CANCELLED]
+    candidates = [f for f in findings if f.cause != Cause.CANCELLED]
+    root = choose_root(candidates) or (plain_cancel[0] if plain_cancel else None)
+    evidence = _evidence(LOGS_ONLY_HEAD, root, findings)
+    if root is None:
+        return Diagnosis(job_id, Cause.UNKNOWN, evidence + ("no recognised line in the logs",))
+    step = root.step if root.cause == Cause.DIVERGED else None
+    return Diagnosis(job_id, root.cause, evidence, bad_nodes=tuple(f.node for f in findings
+                                                                   if f.cause == root.cause and f.node)[:4],
+                     divergence_step=step, root=root)

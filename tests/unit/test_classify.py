@@ -224,6 +224,7 @@ def test_alarms_loss_scale_stuck():
 # --- the taxonomy and the exit code table ----------------------------------------------------------------------
 def test_every_cause_has_words():
     assert ALL_CAUSES == ("completed", "running", "pending", "preempted", "timeout", "node_fail", "host_oom", "gpu_oom",
+                          "shm_exhausted",
                           "nccl_error", "gpu_hw_error", "diverged", "cancelled", "code_error", "env_error",
                           "run_dir_busy", "hung", "unknown")
     assert set(SUMMARY) == set(ADVICE) == set(ALL_CAUSES)
