@@ -19,16 +19,17 @@ How the evidence is weighed:
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_agent.core.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.core.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
 from hpc_agent.core.rundir import LogText
-from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, parse_timestamp, scan_logs, since_last_repair,
+from hpc_agent.diagnosis.logscan import (FAULT, HINT, KILL, Finding, hint_reason, parse_timestamp, scan_logs, since_last_repair,
                                          split_attempts, split_by_time)
 from hpc_agent.metrics.alarm_kinds import Alarm
-from hpc_agent.slurm.sacct import Attempt
+from hpc_agent.slurm.sacct import Attempt, job_key_of
 
 PENDING_STATES = {"PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 RUNNING_STATES = {"RUNNING", "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING", "SUSPENDED",
@@ -181,20 +182,46 @@ def _evidence(head: str, root: Optional[Finding], findings: Sequence[Finding],
     return tuple(dict.fromkeys(lines))
 
 
+_SIGKILLED = "exit {code} (SIGKILL) with no reason from Slurm: most often the kernel's OOM killer"
+
+
+def _sigkill_findings(attempt: Attempt) -> List[Finding]:
+    """A FAILED row killed by signal 9 (``0:9``, or a shell's ``137:0``): nobody but the kernel sends a bare SIGKILL
+    (a scancel, a time limit or a preemption shows as CANCELLED/TIMEOUT/PREEMPTED, with Slurm's line)."""
+    for row in attempt.rows:
+        if row.state == "FAILED" and (row.signal == 9 or row.exit_status == 137):
+            return [Finding(Cause.HOST_OOM, FAULT, "sacct", None, None,
+                            _SIGKILLED.format(code=row.get("ExitCode") or "137") + f" ({row.job_id})")]
+    return []
+
+
+def _hypotheses(hints: Sequence[Finding], extra: Sequence[str]) -> Tuple[str, ...]:
+    """The best guesses for an ``unknown``: the first hint of each cause (in log order), then ``extra``."""
+    out, seen = [], set()
+    for f in hints:
+        if f.cause not in seen:
+            seen.add(f.cause)
+            out.append(f"{f.cause.value}: {hint_reason(f)} ({f.where()}: {f.line[:160]})")
+    return tuple(out) + tuple(extra)
+
+
 def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), alarms: Sequence[Alarm] = (),
                      exit_codes: Mapping[int, ExitCodeMeaning] = EXIT_CODES, job_id: str = "") -> Diagnosis:
     """The cause of one attempt's end (or its current state), with the lines that show it."""
     if attempt is None:
         return Diagnosis(job_id, Cause.UNKNOWN, ("sacct has no record of this job (yet): waiting, not requeueing",))
-    base = dict(job_id=attempt.job_id, attempt_index=attempt.index, state=attempt.state,
-                exit_code=attempt.exit_code, nodes=tuple(attempt.nodes))
+    state = attempt.state
+    ended = bool(state) and state not in PENDING_STATES and state not in RUNNING_STATES
+    base = dict(job_id=attempt.job_id, attempt_index=attempt.index, state=state,
+                exit_code=attempt.exit_code, nodes=tuple(attempt.nodes), ended=ended)
     head = _sacct_line(attempt)
-    findings = scan_logs(logs, attempt.nodes, _year(attempt)) + _alarm_findings(alarms)
+    everything = scan_logs(logs, attempt.nodes, _year(attempt)) + _alarm_findings(alarms)
+    findings = [f for f in everything if f.kind != HINT]
+    hints = [f for f in everything if f.kind == HINT]
 
     def result(cause: Cause, root: Optional[Finding] = None, extra: Sequence[str] = (), **kw: Any) -> Diagnosis:
         return Diagnosis(cause=cause, evidence=_evidence(head, root, findings, extra), root=root, **base, **kw)
 
-    state = attempt.state
     if state in PENDING_STATES:
         return result(Cause.PENDING)
     if state in RUNNING_STATES:
@@ -208,25 +235,39 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
         return result(Cause.UNKNOWN, extra=["sacct row without a state"])
 
     kills = [f for f in findings if f.kind == KILL and f.cause != Cause.CANCELLED]
+    cancel_note: List[str] = []
     if state == "CANCELLED" and not kills:
         plain = [f for f in findings if f.cause == Cause.CANCELLED]
-        before = [f for f in findings if f.kind == FAULT][:1]
-        extra = [f"before the cancel: {f.where()}: {f.line}" for f in before]
-        return result(Cause.CANCELLED, plain[0] if plain else None, extra)
+        faults = [f for f in findings if f.kind == FAULT and f.cause not in SECONDARY_FAULTS]
+        failed_steps = [r for r in attempt.steps if r.state in ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL")]
+        if not (faults and failed_steps):
+            before = [f for f in findings if f.kind == FAULT][:1]
+            extra = [f"before the cancel: {f.where()}: {f.line}" for f in before]
+            return result(Cause.CANCELLED, plain[0] if plain else None, extra)
+        # Step <id> had already FAILED with a fault in the log when a person cancelled what was left of the job
+        # (a batch script still waiting on a dead step): the fault ended the training, the cancel only the remains.
+        cancel_note = [f"then cancelled{' by ' + attempt.cancelled_by if attempt.cancelled_by else ''}, after step "
+                       f"{failed_steps[0].job_id} had {failed_steps[0].state}: the cancel ended what was left"]
 
     # The state is one more finding, unless a log line reports the same event with a position.
     candidates = [f for f in findings if f.cause != Cause.CANCELLED]
     logged = {f.cause for f in kills}
-    candidates += [f for f in _state_findings(attempt) if f.cause not in logged]
+    candidates += [f for f in _state_findings(attempt) + _sigkill_findings(attempt) if f.cause not in logged]
     if state in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "REQUEUED"):
         candidates = [f for f in candidates if f.cause not in SECONDARY_FAULTS]
     root = choose_root(candidates)
+    if root is not None and root.cause == Cause.CODE_ERROR:
+        # A code error needs an exception from the code and no infrastructure signal in the same attempt: an
+        # OOM, a GPU fault, a kill next to it are the likelier story (the exception often is their echo).
+        # (One known to come after the exception is its consequence: a rank died, the rest hung to the time limit.)
+        infra = [f for f in candidates if f.cause not in SECONDARY_FAULTS and _precedes(root, f) is not True]
+        root = choose_root(infra) or root
     if root is not None:
         step = root.step if root.cause == Cause.DIVERGED else None
         if root.cause == Cause.DIVERGED and step is None:
             steps = [f.step for f in candidates if f.cause == Cause.DIVERGED and f.step is not None]
             step = min(steps) if steps else None
-        extra = [f"slurm: {f.line}" for f in candidates if f.source == "sacct" and f is not root][:1]
+        extra = [f"slurm: {f.line}" for f in candidates if f.source == "sacct" and f is not root][:1] + cancel_note
         return result(root.cause, root, extra, bad_nodes=_bad_nodes(root, findings, attempt), divergence_step=step)
 
     # The training process's own "exiting N" line beats sacct's ExitCode, which may be another rank's
@@ -235,39 +276,83 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
     if announced is not None and announced[0] in exit_codes:
         explained = f"log line '{announced[1]}'", exit_codes[announced[0]]
     why = "no recognised error in the log" if logs else "no log to read"
+    guesses: List[str] = []
     if explained is not None:
         where, meaning = explained
         note = " (placeholder code: see hpc_agent/core/exit_codes.py)" if meaning.placeholder else ""
-        bad = tuple(attempt.nodes) if meaning.cause == Cause.GPU_HW_ERROR and len(attempt.nodes) == 1 else ()
-        extra = [f"exit code {meaning.code} of {where}: {meaning.meaning}{note}"]
-        if meaning.cause in (Cause.CODE_ERROR, Cause.ENV_ERROR):
-            extra.append(f"{why}: not requeued")
-        return result(meaning.cause, extra=extra, bad_nodes=bad)
+        line = f"exit code {meaning.code} of {where}: {meaning.meaning}{note}"
+        if meaning.cause != Cause.CODE_ERROR or announced is not None:
+            bad = tuple(attempt.nodes) if meaning.cause == Cause.GPU_HW_ERROR and len(attempt.nodes) == 1 else ()
+            extra = [line] + ([f"{why}: not requeued"] if meaning.cause in (Cause.CODE_ERROR, Cause.ENV_ERROR) else [])
+            return result(meaning.cause, extra=extra, bad_nodes=bad)
+        # Exit 1 from sacct alone is any program that failed, not proof of a bug in the code.
+        guesses.append(f"code_error: {line}, but {why} shows an exception")
     if state == "REQUEUED":
         return result(Cause.PREEMPTED, extra=["Slurm (or an admin) requeued this attempt; no other reason in the log"])
-    if state in ("FAILED", "SPECIAL_EXIT"):
-        return result(Cause.CODE_ERROR,
-                      extra=[f"exit {attempt.exit_code} and {why}: treated as a code error (not requeued)"])
     if state == "CANCELLED":
         return result(Cause.CANCELLED)
-    return result(Cause.UNKNOWN, extra=[f"state {state} is not one this classifier knows"])
+    if state not in ("FAILED", "SPECIAL_EXIT", "OUT_OF_MEMORY", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
+                     "DEADLINE", "REVOKED"):
+        return result(Cause.UNKNOWN, extra=[f"state {state} is not one this classifier knows"])
+    if not hints and not guesses:
+        guesses.append(f"code_error or a fault that left no trace: exit {attempt.exit_code or '?'} and {why}")
+    hypotheses = _hypotheses(hints, guesses)
+    return result(Cause.UNKNOWN, extra=[f"{state} with no positive evidence of a cause: requeued once unchanged, "
+                                        "then needs attention"] + [f"hypothesis: {h}" for h in hypotheses],
+                  hypotheses=hypotheses)
 
 
 def _started(attempt: Attempt) -> bool:
-    return attempt.state not in PENDING_STATES and attempt.start not in ("", "Unknown", "None")
+    """Did the attempt run? Pending ones did not; neither did one whose Start sacct printed as Unknown/None
+    (cancelled while queued). A missing Start column says nothing: the attempt counts as started."""
+    return attempt.state not in PENDING_STATES and attempt.start not in ("Unknown", "None")
+
+
+_JOB_IN_LOG_NAME = re.compile(r"^(?:(\d+)(?:_\d+)?_\d+_log\.(?:out|err)|slurm-(\d+)(?:_\d+)?\.(?:out|err))$")
+"""A job id in a log's name, in the two forms whose number is surely one: submitit's ``1234_0_log.out``
+(``1234_5_0_log.out`` for an array task) and Slurm's default ``slurm-1234.out`` (``slurm-1234_5.out``)."""
+
+
+def job_in_log_name(name: str) -> Optional[str]:
+    m = _JOB_IN_LOG_NAME.match(name.rsplit("/", 1)[-1])
+    return (m.group(1) or m.group(2)) if m else None
+
+
+def _boundaries(attempts: Sequence[Attempt]) -> Optional[List[_dt.datetime]]:
+    """When each started attempt began, from what sacct printed: Start, or else the End of the attempt before
+    (the first attempt begins at the dawn of time). None when neither column tells."""
+    starts = [parse_timestamp(a.start) for a in attempts]
+    if all(starts):
+        return starts  # type: ignore[return-value]
+    ends = [parse_timestamp(a.end) for a in attempts[:-1]]
+    if all(ends):
+        return [_dt.datetime(1970, 1, 1)] + ends  # type: ignore[list-item]
+    return None
 
 
 def logs_per_attempt(attempts: Sequence[Attempt], logs: Sequence[LogText]) -> List[List[LogText]]:
-    """Each attempt's share of the (appended) logs: pieces are matched to started attempts from the end,
-    since a log tail may have lost its oldest attempts and a pending attempt has written nothing yet."""
+    """Each attempt's share of the (appended) logs, by what is available, never dropping a log:
+
+    1. a log whose name carries another job's id (``999_0_log.out`` for job 123) is not this job's;
+    2. a log with attempt-start markers is cut at them, and the pieces go to the attempts that ran, newest
+       piece to newest attempt (a log tail may have lost its oldest attempts);
+    3. a log without markers is split by time when sacct gives the attempts' Start (or End) columns;
+    4. failing all of these, the whole log goes to the newest attempt that ran."""
     shares: List[List[LogText]] = [[] for _ in attempts]
-    started = [i for i, a in enumerate(attempts) if _started(a)]
-    starts = [parse_timestamp(attempts[i].start) for i in started]
+    started = [i for i, a in enumerate(attempts) if _started(a)] or \
+        [i for i, a in enumerate(attempts) if a.state not in PENDING_STATES][-1:]
+    if not started:
+        return shares
+    keys = {job_key_of(a.job_id).split("_")[0].split("+")[0] for a in attempts}
+    bounds = _boundaries([attempts[i] for i in started]) if len(started) > 1 else None
     for log in logs:
+        named = job_in_log_name(log.name)
+        if named is not None and named not in keys:
+            continue
         pieces = split_attempts(log)
-        if len(pieces) == 1 and len(started) > 1 and all(starts):
+        if len(pieces) == 1 and bounds is not None:
             # No start markers (not a submitit job): Slurm's own lines carry timestamps, use them.
-            pieces = split_by_time(log, starts)  # type: ignore[arg-type]
+            pieces = split_by_time(log, bounds)
         for offset, piece in enumerate(reversed(pieces)):
             if offset < len(started):
                 shares[started[-1 - offset]].append(since_last_repair(piece))
@@ -290,15 +375,28 @@ LOGS_ONLY_HEAD = "no sacct record: the state is unknown; the cause is read from 
 
 def classify_logs(logs: Sequence[LogText], alarms: Sequence[Alarm] = (), job_id: str = "") -> Diagnosis:
     """The cause from log text alone (``diagnose --log FILE`` with no job id or sacct text): the state is
-    unknown (``state`` empty, ``ended`` False), the cause is what the lines show positively, else ``unknown``."""
-    findings = scan_logs(logs) + _alarm_findings(alarms)
+    unknown (``state`` empty, ``ended`` False); the cause is what the lines show positively, weighed as for an
+    attempt that ended, else ``unknown`` with the hypotheses the lines suggest."""
+    everything = scan_logs(logs) + _alarm_findings(alarms)
+    findings = [f for f in everything if f.kind != HINT]
+    hints = [f for f in everything if f.kind == HINT]
+    kills = [f for f in findings if f.kind == KILL and f.cause != Cause.CANCELLED]
     plain_cancel = [f for f in findings if f.cause == Cause.CANCELLED]
     candidates = [f for f in findings if f.cause != Cause.CANCELLED]
-    root = choose_root(candidates) or (plain_cancel[0] if plain_cancel else None)
-    evidence = _evidence(LOGS_ONLY_HEAD, root, findings)
+    root = choose_root(candidates)
+    if root is not None and root.cause == Cause.CODE_ERROR:
+        root = choose_root([f for f in candidates if f.cause not in SECONDARY_FAULTS
+                            and _precedes(root, f) is not True]) or root
+    if plain_cancel and not kills and (root is None or root.cause in SECONDARY_FAULTS):
+        root = plain_cancel[0]  # Slurm's "CANCELLED AT" with no reason: a person's scancel
     if root is None:
-        return Diagnosis(job_id, Cause.UNKNOWN, evidence + ("no recognised line in the logs",))
+        hypotheses = _hypotheses(hints, ["code_error or a fault that left no trace: no recognised line in the logs"]
+                                 if not hints else [])
+        evidence = _evidence(LOGS_ONLY_HEAD, None, findings, [f"hypothesis: {h}" for h in hypotheses])
+        return Diagnosis(job_id, Cause.UNKNOWN, evidence, hypotheses=hypotheses)
     step = root.step if root.cause == Cause.DIVERGED else None
-    return Diagnosis(job_id, root.cause, evidence, bad_nodes=tuple(f.node for f in findings
-                                                                   if f.cause == root.cause and f.node)[:4],
+    if root.cause == Cause.DIVERGED and step is None:
+        step = min((f.step for f in candidates if f.cause == Cause.DIVERGED and f.step is not None), default=None)
+    named = tuple(dict.fromkeys(f.node for f in findings if f.cause == root.cause and f.node and f.kind != HINT))
+    return Diagnosis(job_id, root.cause, _evidence(LOGS_ONLY_HEAD, root, findings), bad_nodes=named[:4],
                      divergence_step=step, root=root)

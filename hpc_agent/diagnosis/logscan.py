@@ -62,7 +62,7 @@ _DUE_TO = {"TIME LIMIT": Cause.TIMEOUT, "PREEMPTION": Cause.PREEMPTED, "NODE FAI
 _KILLS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # Processes that ignore SIGKILL (stuck in the kernel, often a dying GPU or filesystem): Slurm drains the node.
     (Cause.NODE_FAIL, _rx(r"STEPD TERMINATED ON (?P<node>\S+) AT \S+ DUE TO JOB NOT ENDING WITH SIGNALS")),
-    (Cause.NODE_FAIL, _rx(r"srun: error: Node failure on (?P<node>[\w.-]+)")),
+    (Cause.NODE_FAIL, _rx(r"(?:srun|salloc|sbatch): error: Node failure on (?P<node>[\w.-]+)")),
     # submitit's handler of our --signal=USR2@lead (and of preemption signals).
     (Cause.TIMEOUT, _rx(r"Caught signal SIG\w+ on (?P<node>[\w.-]+): this job is timed-out")),
     (Cause.PREEMPTED, _rx(r"Caught signal SIG\w+ on (?P<node>[\w.-]+): this job is preempted")),
@@ -77,45 +77,127 @@ _USR2_SAVE = _rx(r"\[hpc_agent\] signal SIGUSR2 at step")
 _USR2_PREEMPTION = _rx(r"a preemption notice")
 
 # --- faults, most specific first: the first pattern that matches a line names its cause -----------
-_HW_XIDS = {48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120}
-"""Xids that mean hardware (ECC, fallen off the bus, NVLink, GSP). 13/31/43 are usually the program's fault."""
+_HW_XIDS = {48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 119, 120, 121, 123, 136, 140, 143, 144, 145, 146, 147, 148,
+            149, 150, 151, 154, 155, 156, 157, 158}
+"""Xids that mean hardware (ECC, fallen off the bus, NVLink, GSP, the newer NVLink/C2C and recovery-action codes).
+13/31/43 are usually the program's fault; 45 is the channel torn down after another Xid (that one decides)."""
 _XID = _rx(r"\bXid\b(?: \([^)]*\))?[:,]?\s*(?P<xid>\d+)")
+_PREVIOUS_XID = _rx(r"caused by previous Xid (?P<xid>\d+)")
 _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # launch/train.py's refusal (exit 73): another live job holds <run dir>/train.lease (hpc_agent/core/runlease.py).
     (Cause.RUN_DIR_BUSY, _rx(r"\[hpc_agent\] run directory busy:")),
-    # launch/train.py's line for an unprepared DeepSpeed op or a missing extra (exit 72). A missing top-level
-    # package in the job's Python is the same kind of problem: no retry in that environment gets past it. A
-    # missing submodule ('launch.workloads.gpt2') is a code error: its package is there, the name is wrong.
+    # The environment lacks something no retry in it gets past: launch/train.py's own line (exit 72), a missing
+    # top-level package (a missing submodule such as 'launch.workloads.gpt2' is a code error: its package is
+    # there, the name is wrong), a DeepSpeed/torch extension that failed to build (JIT op build in the job), an
+    # executable that is not on the job's PATH, a shared library or driver that does not match.
     (Cause.ENV_ERROR, _rx(r"\[hpc_agent\] environment problem:|"
-                          r"^(?:\S+: )?ModuleNotFoundError: No module named '[^'.]+'")),
+                          r"^(?:\S+: )?(?:ModuleNotFoundError|ImportError): No module named '[^'.]+'|"
+                          r"ninja: build stopped|Error building extension '|Command '\['ninja'|"
+                          r"error: command '\S*(?:gcc|g\+\+|c\+\+|nvcc)\S*' "
+                          r"failed|nvcc fatal|CUDA_HOME does not exist|MissingCUDAException|"
+                          r"execve\(\): [^:]+: No such file or directory|\b[\w./-]+: command not found|\bsh: \d+: \S+: not found|"
+                          r"\bcd: \S+: No such file or directory|"
+                          r"No such file or directory: '(?:[\w./-]*/)?(?:torchrun|deepspeed|accelerate|srun|python\d?(?:\.\d+)?|"
+                          r"nvidia-smi|mpirun|ninja)'|"
+                          r"cannot open shared object file|version `GLIBC\w*_[\d.]+' not found|undefined symbol: |"
+                          r"NVIDIA driver on your system is too old|CUDA driver version is insufficient|"
+                          r"Found no NVIDIA driver on your system|no kernel image is available for execution|"
+                          r"is not compatible with the current PyTorch installation|"
+                          r"CUDA error: system has unsupported display driver|forward compatibility was attempted|"
+                          r"detected CUDA version \([\d.]+\) mismatches|CUDAMismatchException|"
+                          r"does not match the version torch was compiled with|"
+                          r"(?:is not installed|was not found)\.? [Pp]lease (?:install|see)")),
     (Cause.GPU_HW_ERROR, _rx(r"uncorrectable ECC error|ECCUncorrectable|fallen off the bus|GPU is lost|"
                              r"NVML_ERROR_GPU_IS_LOST|Unable to determine the device handle for GPU|"
-                             r"GPU health\b.*\bCRITICAL", re.I)),
-    # Host memory: the cgroup OOM killer (slurmstepd, srun, the kernel) or an allocation refused outright.
+                             r"GPU health\b.*\bCRITICAL|CUDA error: unknown error|uncorrectable NVLink error|"
+                             r"RmInitAdapter failed|GPU requires reset|"
+                             r"CUDA-capable device\(s\) (?:is|are)(?:/are)? busy or unavailable", re.I)),
+    # /dev/shm full: data-loader workers pass batches through it, NCCL puts its intra-node buffers there.
+    # Before host memory: a worker's "Bus error" is its symptom, and the fix differs (fewer workers, --shm-size).
+    (Cause.SHM_EXHAUSTED, _rx(r"out of shared memory|insufficient shared memory|shared memory limit|"
+                              r"unable to write to file </torch_|/dev/shm\S*.*No space left|"
+                              r"failed to extend /dev/shm|unable to allocate shared memory|"
+                              r"(?:^|\W)Bus error\b|signal: Bus error|SIGBUS|"
+                              r"DataLoader worker \(pid\(s\)? [\d, ]+\) exited unexpectedly", re.I)),
+    # Host memory: the cgroup OOM killer (slurmstepd, srun, the kernel), an allocation refused outright, or a
+    # SIGKILL with no other sender (a scancel or a time limit comes with Slurm's own line, which wins).
     (Cause.HOST_OOM, _rx(r"oom[-_]kill|Detected \d+ oom|[Ee]xceeded (?:job |step )?memory limit|"
                          r"task \d+: Out Of Memory|DefaultCPUAllocator: (?:not enough memory|can't allocate)|"
-                         r"is killed by signal: Killed|Killed process \d+ .*total-vm")),
-    # Before NCCL: NCCL reports a CUDA OOM inside a collective as "Cuda failure 'out of memory'".
+                         r"is killed by signal: Killed|Killed process \d+ .*total-vm|"
+                         r"memory allocation of \d+ bytes failed|std::bad_alloc|Cannot allocate memory|"
+                         r"^(?:\S+: )?MemoryError\b|"
+                         r"exitcode\s*:\s*-9\b|[Ss]ignal 9 \(SIGKILL\)|return code = -9\b|killed by signal 9\b|"
+                         r"^Killed\s*$|line \d+:\s+\d+ Killed\b|"
+                         r"Memory on the node \(IP: [^)]*\) where the (?:task|worker|actor)|node running low on memory")),
+    # Before NCCL: NCCL reports a CUDA OOM inside a collective as "Cuda failure 2 'out of memory'".
     (Cause.GPU_OOM, _rx(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
-                        r"Cuda failure '?out of memory|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory")),
-    (Cause.DIVERGED, _rx(r"loss scale already at minimum|cannot decrease scale anymore|"
+                        r"Cuda failure \d* ?'?out of memory|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory|"
+                        r"THCudaCheck FAIL.*out of memory|ran out of memory on GPU|cudaErrorMemoryAllocation")),
+    (Cause.DIVERGED, _rx(r"loss scale already at minimum|cannot decrease scale anymore|[Mm]inimum loss scale reached|"
                          r"\bloss(?: is|\s*[=:])?\s*[-+]?(?:nan|inf)\b|non-finite loss|FloatingPointError|"
-                         r"DivergenceError", re.I)),
+                         r"DivergenceError|NaN in (?:local )?grad(?:ient)? norm|"
+                         r"\bgrad[_ ]?norm['\"]?\s*[=:]\s*[-+]?(?:nan|inf)\b", re.I)),
+    # A kernel that indexed out of bounds or wrote where it may not: a bug in the code (or its input), raised
+    # asynchronously as a CUDA error. The GPU is fine (hardware faults come with their own Xid/ECC line above).
+    (Cause.CODE_ERROR, _rx(r"device-side assert(?:ion)? triggered|Device-side assertion|"
+                           r"an illegal memory access was encountered|CUDA error: an illegal instruction|"
+                           r"\.(?:cu|cuh|hip):\d+: \w+: block: \[[\d,]+\], thread: \[")),
     (Cause.NCCL_ERROR, _rx(r"Watchdog caught collective operation timeout|\bNCCL error\b|DistBackendError|"
                            r"DistNetworkError|nccl(?:System|Internal|UnhandledCuda|Remote)Error|"
                            r"NCCL communicator was aborted|NCCL operations have failed or timed out|"
-                           r"NCCL watchdog thread terminated|"
-                           r"NCCL WARN .*(?:[Cc]onnection (?:closed|reset)|timed? ?out)|Connection closed by peer|"
-                           r"ProcessGroup\w*.*timed out|Timed out waiting for .*(?:rank|peer)")),
+                           r"NCCL watchdog thread terminated|WorkNCCL::checkTimeout|ncclCommWatchdog|"
+                           r"watchdog got stuck for \d+ seconds|flight recorder dump signal|"
+                           r"dump signal due to a collective timeout|"
+                           r"NCCL WARN .*(?:[Cc]onnection (?:closed|reset)|timed? ?out|NET/IB|[Cc]ompletion|"
+                           r"remote process exited|unhandled system error)|"
+                           r"Connection closed by peer|Connection reset by peer|"
+                           r"ProcessGroup\w*.*timed out|Timed out waiting for .*(?:rank|peer)|"
+                           r"IBV_WC_\w+|ibv_poll_cq|Gloo.*(?:timed out|Connection closed)|"
+                           r"RendezvousTimeoutError|Socket Timeout")),
 )
-_CRASH = _rx(r"Segmentation fault|Fatal Python error|Illegal instruction|Bus error \(core dumped\)")
 
-# Python tracebacks: an exception line that none of the patterns above explains is a code error, unless
-# it is how a process reacts to being told to stop (the kill line explains those).
+# Lines that suggest a cause but do not show it: never the root, offered as hypotheses when nothing else is
+# found (the answer is then ``unknown``, never a guess that stops the run).
+HINT = "hint"
+"""A line that suggests a cause without showing it."""
+_HINTS: Sequence[Tuple[Cause, str, Pattern[str]]] = (
+    (Cause.CODE_ERROR, "a crash: a bug in native code, a broken GPU or driver",
+     _rx(r"Segmentation fault|SIGSEGV|Fatal Python error|Illegal instruction|Aborted \(core dumped\)|"
+         r"core dumped|free\(\): invalid|double free or corruption")),
+    (Cause.GPU_HW_ERROR, "an unspecified CUDA launch failure: a kernel bug (Xid 13/31) or a failing GPU",
+     _rx(r"unspecified launch failure|"
+         r"CUDA error: misaligned address|cudaErrorLaunchFailure")),
+    (Cause.NCCL_ERROR, "an NCCL warning (often harmless, sometimes the first sign of a network fault)",
+     _rx(r"NCCL WARN")),
+    (Cause.ENV_ERROR, "the file system is full or over quota (not a retryable fault in the job)",
+     _rx(r"No space left on device|Disk quota exceeded|\[Errno 28\]|\[Errno 122\]")),
+    (Cause.NODE_FAIL, "an I/O error or a vanished file: the node's storage or network mount failed",
+     _rx(r"Input/output error|\[Errno 5\]|Stale file handle|Transport endpoint is not connected")),
+    (Cause.DIVERGED, "gradient overflow: fp16 loss scaling backed off (normal early on; a run of them means trouble)",
+     _rx(r"OVERFLOW!|overflow detected|Found NaN|Gradient overflow|[Oo]verflow.*[Ss]kipping")),
+)
+_LOSS_SCALE = _rx(r"(?:loss[ _]scale(?: to)?[:=]?\s*|reducing to\s*)(?P<scale>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\b", re.I)
+_SKIPPED = _rx(r"\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+)")
+MIN_DIVERGED_SCALE = 2.0
+"""An fp16 loss scale this low after a run of overflows means the gradients overflow even unscaled: divergence."""
+
+# Python tracebacks: an exception line that none of the patterns above explains is a code error, unless it is an
+# echo (how a process reacts to being told to stop, or a launcher reporting its child's death) or an
+# infrastructure exception (networking, storage, the distributed runtime): those say nothing about the code.
 _TRACEBACK = _rx(r"^Traceback \(most recent call last\):")
 _EXCEPTION = _rx(r"^(?P<exc>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_BARE_EXCEPTION = _rx(r"^(?:[a-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception)(?::\s.*)?$")
+"""An exception line without its traceback (an excerpt that lost it): a dotted lower-case module path at most,
+then a class named ...Error or ...Exception."""
+_CPP_WHAT = _rx(r"^\s*what\(\):\s+(?P<msg>.+)")
 _ECHO_EXCEPTIONS = _rx(r"KeyboardInterrupt|SystemExit|UncompletedJobError|SignalException|ChildFailedError|"
-                       r"got signal: ?(?:15|9)|Terminated")
+                       r"got signal: ?(?:15|9)|Terminated|CalledProcessError|returned non-zero exit status|"
+                       r"ProcessExitedException|ProcessRaisedException|RayTaskError|RayActorError|WorkerCrashedError|"
+                       r"FailedJobError")
+_INFRA_EXCEPTIONS = _rx(r"ConnectionError|ConnectionResetError|ConnectionRefusedError|BrokenPipeError|TimeoutError|"
+                        r"socket\.timeout|DistStoreError|RendezvousError|RendezvousClosedError|DistError|"
+                        r"TCPStore|c10d|torch\.distributed|CUDA error|cuda runtime error|CUDNN_STATUS|"
+                        r"CUBLAS_STATUS|NCCL|OSError: \[Errno (?:5|28|110|111|112|113|122|116)\]")
 
 # "[rank1]: " (torch), "[rank 0/2] " (launch/), "0: " (srun --label)
 _PREFIX = _rx(r"^\s*(?:\[\s*rank\s*\d+(?:/\d+)?\s*\]:?\s?|\d+:\s)", re.I)
@@ -227,8 +309,20 @@ def split_by_time(log: LogText, starts: Sequence[_dt.datetime], year: Optional[i
     return [_piece(log, p) for p in pieces]
 
 
+def _hw_xid(line: str) -> bool:
+    """A hardware Xid on this line, or one that an Xid 45 (channel torn down) names as its cause."""
+    found = [int(m.group("xid")) for m in _XID.finditer(line)] + [int(m.group("xid")) for m in _PREVIOUS_XID.finditer(line)]
+    return any(x in _HW_XIDS for x in found)
+
+
+_NCCL_INFO = _rx(r"\bNCCL INFO\b")
+"""NCCL's informational lines (``NCCL_DEBUG=INFO``): a plugin it could not load, a transport it chose. Never a fault."""
+
+
 def _classify_line(line: str) -> Optional[Tuple[Cause, str, Optional[str]]]:
-    """(cause, kind, node named by the kill line) for one line, or None."""
+    """(cause, kind, node named by the kill line) for one line, or None. Kind is KILL, FAULT or HINT."""
+    if _NCCL_INFO.search(line):
+        return None
     m = _SLURM_CANCEL.search(line)
     if m:
         cause = _DUE_TO.get(m.group("why"))
@@ -237,15 +331,35 @@ def _classify_line(line: str) -> Optional[Tuple[Cause, str, Optional[str]]]:
         m = pattern.search(line)
         if m:
             return cause, KILL, m.groupdict().get("node")
-    m = _XID.search(line)
-    if m and int(m.group("xid")) in _HW_XIDS:
+    if _hw_xid(line):
         return Cause.GPU_HW_ERROR, FAULT, None
     for cause, pattern in _FAULTS:
         if pattern.search(line):
             return cause, FAULT, None
-    if _CRASH.search(line):
-        return Cause.CODE_ERROR, FAULT, None
+    for cause, _why, pattern in _HINTS:
+        if pattern.search(line):
+            return cause, HINT, None
     return None
+
+
+def hint_reason(finding: "Finding") -> str:
+    """What a HINT finding suggests, in words (for the hypotheses of an ``unknown``)."""
+    if finding.cause == Cause.CODE_ERROR and finding.kind == HINT and _EXCEPTION.match(finding.line.strip()):
+        return "an exception of the distributed runtime, the network or the storage: it says nothing about the code"
+    for cause, why, pattern in _HINTS:
+        if cause == finding.cause and pattern.search(finding.line):
+            return why
+    return "suggestive, not shown"
+
+
+def _exception_kind(text: str) -> Optional[Tuple[Cause, str]]:
+    """An exception line's verdict: a code error (an exception raised in user or model code), a hint (an
+    infrastructure exception), or None (an echo: a stop request, a launcher reporting its child's death)."""
+    if _ECHO_EXCEPTIONS.search(text):
+        return None
+    if _INFRA_EXCEPTIONS.search(text):
+        return Cause.CODE_ERROR, HINT
+    return Cause.CODE_ERROR, FAULT
 
 
 def _rank_of(line: str) -> Optional[int]:
@@ -286,12 +400,13 @@ def _node_in(line: str, known_nodes: Sequence[str]) -> Optional[str]:
 
 def scan_log(log: LogText, source_index: int = 0, known_nodes: Sequence[str] = (),
              hosts: Optional[Dict[int, str]] = None, year: Optional[int] = None) -> List[Finding]:
-    """Every line of ``log`` that names a cause, in order."""
+    """Every line of ``log`` that names (or hints at) a cause, in order."""
     hosts = hosts or {}
     m = _RANK_IN_NAME.search(log.name)
     file_rank = int(m.group(1)) if m else _only_rank(log.text)
     findings: List[Finding] = []
     in_traceback = False
+    scales: List[float] = []  # the fp16 loss scale after each overflow of the current run of them
     for line_no, raw in log.numbered_lines():
         line = raw.rstrip()
         body = _PREFIX.sub("", line, count=1)
@@ -299,13 +414,22 @@ def scan_log(log: LogText, source_index: int = 0, known_nodes: Sequence[str] = (
         # not messages: only the exception line that ends it speaks.
         indented = in_traceback and body.startswith((" ", "\t"))
         hit = None if indented else _classify_line(line)
-        if _TRACEBACK.match(body.strip()):
+        stripped = body.strip()
+        if _TRACEBACK.match(stripped):
             in_traceback = True
-        elif in_traceback and not body.startswith((" ", "\t")) and _EXCEPTION.match(body.strip()):
+        elif in_traceback and not body.startswith((" ", "\t")) and _EXCEPTION.match(stripped):
             # The exception line ends the traceback (interleaved lines of other ranks do not).
             in_traceback = False
-            if hit is None and not _ECHO_EXCEPTIONS.search(body):
-                hit = (Cause.CODE_ERROR, FAULT, None)
+            verdict = _exception_kind(stripped)
+            if verdict is not None and (hit is None or hit[1] == HINT):
+                hit = (*verdict, None)
+        elif hit is None and not in_traceback and _BARE_EXCEPTION.match(stripped):
+            verdict = _exception_kind(stripped)  # an excerpt that lost its traceback header
+            hit = (*verdict, None) if verdict else None
+        elif hit is None and (what := _CPP_WHAT.match(stripped)):
+            verdict = _exception_kind(what.group("msg"))  # a C++ exception: terminate called ... what(): <msg>
+            hit = (*verdict, None) if verdict else None
+        hit = _overflow_run(hit, line, scales)
         if hit is None:
             continue
         cause, kind, node = hit
@@ -320,6 +444,26 @@ def scan_log(log: LogText, source_index: int = 0, known_nodes: Sequence[str] = (
         # The job said its SIGUSR2 was a preemption notice: its "signal SIGUSR2" save line is not a time limit.
         findings = [f for f in findings if not (f.cause == Cause.TIMEOUT and _USR2_SAVE.search(f.line))]
     return findings
+
+
+def _overflow_run(hit: Optional[Tuple[Cause, str, Optional[str]]], line: str,
+                  scales: List[float]) -> Optional[Tuple[Cause, str, Optional[str]]]:
+    """fp16 loss-scale overflows are normal one at a time; a run of them down to a scale of
+    :data:`MIN_DIVERGED_SCALE` or less (or a DeepSpeed ``step=N, skipped=M`` with most steps skipped) is a
+    divergence shown, not hinted. ``scales`` carries the current run across lines."""
+    skipped = _SKIPPED.search(line)
+    if skipped and int(skipped.group("step")) >= 20 and int(skipped.group("skipped")) * 2 >= int(skipped.group("step")):
+        return Cause.DIVERGED, FAULT, None
+    if hit is None or hit[0] != Cause.DIVERGED or hit[1] != HINT:
+        if hit is None and re.search(r"\b(?:iteration|step|epoch)\b", line, re.I) and not _LOSS_SCALE.search(line):
+            scales.clear()  # a step went through: the run of overflows is over
+        return hit
+    found = list(_LOSS_SCALE.finditer(line))  # "Attempted loss scale: 64, reducing to 32": the last is the new one
+    if found and "lg_loss_scale" not in line:
+        scales.append(float(found[-1].group("scale")))
+        if len(scales) >= 2 and scales[-1] <= MIN_DIVERGED_SCALE:
+            return Cause.DIVERGED, FAULT, None
+    return hit
 
 
 def scan_logs(logs: Sequence[LogText], known_nodes: Sequence[str] = (), year: Optional[int] = None) -> List[Finding]:

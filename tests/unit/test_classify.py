@@ -12,7 +12,7 @@ from hpc_agent.core.exit_codes import EXIT_CODES, as_table, cause_for_exit
 from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.alarms import fatal_alarms, latest_run
 from hpc_agent.diagnosis.classify import choose_root, classify_attempt, classify_job, logs_per_attempt
-from hpc_agent.diagnosis.logscan import (FAULT, KILL, Finding, host_by_rank, parse_timestamp, scan_log,
+from hpc_agent.diagnosis.logscan import (FAULT, HINT, KILL, Finding, host_by_rank, parse_timestamp, scan_log,
                                          since_last_repair, split_attempts, split_by_time)
 from hpc_agent.metrics.alarm_kinds import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm
 from hpc_agent.slurm.sacct import attempts_of, parse_sacct
@@ -60,7 +60,38 @@ def log(name: str) -> LogText:
     ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
      "nccl_error", FAULT),
     ("node2:30877:30950 [0] NCCL WARN NET/IB : Connection closed by remote peer node1<41742>", "nccl_error", FAULT),
-    ("Fatal Python error: Segmentation fault", "code_error", FAULT),
+    # Issue 43: the lines users pasted that used to end as code_error, each with its cause.
+    ("ninja: build stopped: subcommand failed.", "env_error", FAULT),
+    ("RuntimeError: Error building extension 'fused_adam'", "env_error", FAULT),
+    ("slurmstepd: error: execve(): torchrun: No such file or directory", "env_error", FAULT),
+    ("/bin/sh: 1: deepspeed: not found", "env_error", FAULT),
+    ("bash: torchrun: command not found", "env_error", FAULT),
+    ("ImportError: libcudnn.so.8: cannot open shared object file: No such file or directory", "env_error", FAULT),
+    ("RuntimeError: The NVIDIA driver on your system is too old (found version 11040).", "env_error", FAULT),
+    ("memory allocation of 150994960 bytes failed", "host_oom", FAULT),
+    ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 0 (pid: 31631) of binary: "
+     "/usr/bin/python3", "host_oom", FAULT),
+    ("/var/spool/slurmd/job603995/slurm_script: line 9:  4727 Killed                  python train.py", "host_oom", FAULT),
+    ("Killed", "host_oom", FAULT),
+    ("[rank3]: found NaN in local grad norm in backward pass before data-parallel communication collective",
+     "diverged", FAULT),
+    ("{'loss': 7.1384, 'grad_norm': nan, 'learning_rate': 2.77e-05, 'epoch': 1.95}", "diverged", FAULT),
+    ("frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
+     "std::ratio<1l, 1000l> > >) + 0x1d2 (0x1554e9e0f8f2 in libtorch_cuda.so)", "nccl_error", FAULT),
+    ("RuntimeError: CUDA error: unknown error", "gpu_hw_error", FAULT),
+    ("RuntimeError: DataLoader worker (pid 46794) is killed by signal: Bus error. It is possible that dataloader's "
+     "workers are out of shared memory. Please try to raise your shared memory limit.", "shm_exhausted", FAULT),
+    ("Fatal Python error: Bus error", "shm_exhausted", FAULT),
+    ("node1:1:2 [0] NCCL WARN Error: failed to extend /dev/shm/nccl-7jH2 to 9637892 bytes", "shm_exhausted", FAULT),
+    ("RuntimeError: CUDA error: device-side assert triggered", "code_error", FAULT),
+    ("../aten/src/ATen/native/cuda/Indexing.cu:1141: indexSelectLargeIndex: block: [615,0,0], thread: [121,0,0] "
+     "Assertion `srcIndex < srcSelectDimSize` failed.", "code_error", FAULT),
+    ("node3:1:2 [0] include/alloc.h:228 NCCL WARN Cuda failure 2 'out of memory'", "gpu_oom", FAULT),
+    # Suggestive, not shown: hints (offered as hypotheses of an unknown, never the cause).
+    ("Fatal Python error: Segmentation fault", "code_error", HINT),
+    ("OSError: [Errno 28] No space left on device", "env_error", HINT),
+    ("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768", "diverged", HINT),
+    ("RuntimeError: CUDA error: unspecified launch failure", "gpu_hw_error", HINT),
 ])
 def test_single_lines(line, cause, kind):
     findings = scan_log(LogText("x.log", line))
@@ -69,7 +100,8 @@ def test_single_lines(line, cause, kind):
 
 @pytest.mark.parametrize("line", [
     "[rank 0] step 10 loss 2.3311",
-    "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+    "babel-0-31:2324239:2324522 [3] NCCL INFO TUNER/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open "
+    "shared object file: No such file or directory",  # NCCL INFO lines never carry a fault
     "node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] via P2P/IPC",
     "NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception",  # Xid 13: usually the program, not the GPU
     "srun: error: node1: task 0: Exited with exit code 1",
