@@ -186,11 +186,12 @@ _SIGKILLED = "exit {code} (SIGKILL) with no reason from Slurm: most often the ke
 
 
 def _sigkill_findings(attempt: Attempt) -> List[Finding]:
-    """A FAILED row killed by signal 9 (``0:9``, or a shell's ``137:0``): nobody but the kernel sends a bare SIGKILL
-    (a scancel, a time limit or a preemption shows as CANCELLED/TIMEOUT/PREEMPTED, with Slurm's line)."""
+    """A FAILED row killed by signal 9 (``0:9``, or a shell's ``137:0``): a hint of host memory, since a scancel, a time
+    limit or a preemption shows as CANCELLED/TIMEOUT/PREEMPTED. Only a hint: srun also SIGKILLs the other tasks of
+    a step when one of them fails, so the step's code may be the SIGKILLed task's neighbour's exception."""
     for row in attempt.rows:
         if row.state == "FAILED" and (row.signal == 9 or row.exit_status == 137):
-            return [Finding(Cause.HOST_OOM, FAULT, "sacct", None, None,
+            return [Finding(Cause.HOST_OOM, HINT, "sacct", None, None,
                             _SIGKILLED.format(code=row.get("ExitCode") or "137") + f" ({row.job_id})")]
     return []
 
@@ -252,7 +253,8 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
     # The state is one more finding, unless a log line reports the same event with a position.
     candidates = [f for f in findings if f.cause != Cause.CANCELLED]
     logged = {f.cause for f in kills}
-    candidates += [f for f in _state_findings(attempt) + _sigkill_findings(attempt) if f.cause not in logged]
+    candidates += [f for f in _state_findings(attempt) if f.cause not in logged]
+    hints += _sigkill_findings(attempt)
     if state in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "REQUEUED"):
         candidates = [f for f in candidates if f.cause not in SECONDARY_FAULTS]
     root = choose_root(candidates)

@@ -189,6 +189,7 @@ _EXCEPTION = _rx(r"^(?P<exc>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _BARE_EXCEPTION = _rx(r"^(?:[a-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception)(?::\s.*)?$")
 """An exception line without its traceback (an excerpt that lost it): a dotted lower-case module path at most,
 then a class named ...Error or ...Exception."""
+_EMPTY_MESSAGE = _rx(r"^(?:\S+\s)?[\w.]+(?:Error|Exception):\s*$")
 _CPP_WHAT = _rx(r"^\s*what\(\):\s+(?P<msg>.+)")
 _ECHO_EXCEPTIONS = _rx(r"KeyboardInterrupt|SystemExit|UncompletedJobError|SignalException|ChildFailedError|"
                        r"got signal: ?(?:15|9)|Terminated|CalledProcessError|returned non-zero exit status|"
@@ -344,6 +345,8 @@ def _classify_line(line: str) -> Optional[Tuple[Cause, str, Optional[str]]]:
 
 def hint_reason(finding: "Finding") -> str:
     """What a HINT finding suggests, in words (for the hypotheses of an ``unknown``)."""
+    if finding.source == "sacct":
+        return finding.line
     if finding.cause == Cause.CODE_ERROR and finding.kind == HINT and _EXCEPTION.match(finding.line.strip()):
         return "an exception of the distributed runtime, the network or the storage: it says nothing about the code"
     for cause, why, pattern in _HINTS:
@@ -440,6 +443,10 @@ def scan_log(log: LogText, source_index: int = 0, known_nodes: Sequence[str] = (
         findings.append(Finding(cause, kind, log.name, source_index, line_no, line.strip()[:300],
                                 parse_timestamp(line, year), rank, node,
                                 int(step.group(1)) if step and cause == Cause.DIVERGED else None))
+    # "AssertionError:" with its message on the next line (older torch, wrapped pastes): the message decides.
+    carried = {f.line_no for f in findings if f.cause != Cause.CODE_ERROR and f.kind == FAULT}
+    findings = [f for f in findings if not (f.cause == Cause.CODE_ERROR and _EMPTY_MESSAGE.match(f.line)
+                                            and f.line_no is not None and f.line_no + 1 in carried)]
     if any(f.cause == Cause.PREEMPTED and _USR2_PREEMPTION.search(f.line) for f in findings):
         # The job said its SIGUSR2 was a preemption notice: its "signal SIGUSR2" save line is not a time limit.
         findings = [f for f in findings if not (f.cause == Cause.TIMEOUT and _USR2_SAVE.search(f.line))]
