@@ -144,8 +144,8 @@ def load_case(folder: Path) -> Case:
         if not meta_path.is_file():
             return Case(name, "", None, problem="no meta.json")
         log = _read_text(log_path)
-        if not log.strip():
-            return Case(name, log, None, problem="log.txt is empty")
+        if not log.strip() and not sacct_path.is_file():  # a source that pasted only sacct: the sacct decides it
+            return Case(name, log, None, problem="log.txt is empty and there is no sacct.txt")
         try:
             meta = json.loads(_read_text(meta_path))
         except ValueError as exc:
