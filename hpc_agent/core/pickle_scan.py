@@ -30,10 +30,11 @@ class PickleText:
 _NO_VALUE = {"MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "FRAME", "PROTO"}  # leave the stack's top as it was
 
 
-def scan(path: Path, max_bytes: int = MAX_BYTES) -> PickleText:
-    """Disassemble the pickle at ``path``. OSError (``UnsafeFile``) for a link, a FIFO or an over-long file;
-    ValueError for anything that is not a whole pickle."""
-    data = read_bounded(Path(path), max_bytes)
+def scan(path: Path, max_bytes: int = MAX_BYTES, within: Optional[Path] = None) -> PickleText:
+    """Disassemble the pickle at ``path``. OSError (``UnsafeFile``) for a link, a FIFO or an over-long file
+    (with ``within``, the run dir: a link at any component below it); ValueError for anything that is not a
+    whole pickle."""
+    data = read_bounded(Path(path), max_bytes, within)
     strings: List[str] = []
     found: List[Tuple[str, str]] = []
     recent: List[Optional[str]] = []  # the values the last opcodes pushed: a string, or None for anything else
@@ -56,16 +57,16 @@ def scan(path: Path, max_bytes: int = MAX_BYTES) -> PickleText:
     return PickleText(tuple(strings), tuple(found))
 
 
-def pickle_strings(path: Path, max_bytes: int = MAX_BYTES) -> List[str]:
+def pickle_strings(path: Path, max_bytes: int = MAX_BYTES, within: Optional[Path] = None) -> List[str]:
     """Every string literal in the pickle, in file order (see :func:`scan` for the errors)."""
-    return list(scan(path, max_bytes).strings)
+    return list(scan(path, max_bytes, within).strings)
 
 
-def result_tag(path: Path) -> Optional[str]:
+def result_tag(path: Path, within: Optional[Path] = None) -> Optional[str]:
     """submitit's result pickle is ``("success", value)`` or ``("error", traceback)``: its first string.
-    None when the file is absent, unsafe or not a pickle."""
+    None when the file is absent, unsafe (a link anywhere below ``within``) or not a pickle."""
     try:
-        strings = pickle_strings(path)
+        strings = pickle_strings(path, within=within)
     except (OSError, ValueError):
         return None
     return strings[0] if strings else None

@@ -10,7 +10,8 @@ Layout (one home for it; nothing else spells these names)::
         train.lease          which job trains in this directory now (job id, heartbeat)
         tb/                  TensorBoard event files
         checkpoints/         DeepSpeed checkpoints, one folder per step
-        slurm/               submitit's logs: <job id>_<rank>_log.out / .err
+        slurm/               submitit's logs: <job id>_<rank>_log.out / .err; its result files
+                             <job id>_<rank>_result.pkl (read by opcode only: hpc_agent.core.pickle_scan)
         heartbeat/           rank-RRRRR.json: each rank's latest beat (step, phase, times; hpc_agent.core.heartbeat_format)
         stacks/              rank-RRRRR.txt: a header line, then each Python stack dump asked for with SIGURG
         journal/in_job.jsonl the job's own repairs (in-job recovery), one JSON line each
@@ -148,9 +149,21 @@ def log_paths(run_dir: Path, job_id: str, ranks: int) -> List[Path]:
     return [slurm_dir(run_dir) / f"{job_id}_{rank}_log.out" for rank in range(ranks)]
 
 
+def result_path(run_dir: Path, job_id: str, rank: int) -> Path:
+    """Where submitit writes a rank's result (``("success", value)`` or ``("error", traceback)``): a pickle the
+    job writes, so it is never unpickled (:func:`hpc_agent.core.pickle_scan.result_tag`)."""
+    return slurm_dir(run_dir) / f"{job_id}_{rank}_result.pkl"
+
+
+def rank_of(path: Path) -> Optional[int]:
+    """The rank in a submitit log's name (``<job>_<rank>_log.out``), or None for another name."""
+    m = re.search(r"_(\d+)_log\.\w+$", Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def _rank_order(path: Path) -> Tuple[int, str]:
-    m = re.search(r"_(\d+)_log\.\w+$", path.name)
-    return (int(m.group(1)) if m else 1 << 30, path.name)
+    rank = rank_of(path)
+    return (rank if rank is not None else 1 << 30, path.name)
 
 
 _LOG_SUFFIXES = ("_log.out", "_log.err")
