@@ -55,7 +55,7 @@ from hpc_agent.policy.decide import Decision, PastAttempt, Situation, decide
 from hpc_agent.remote import ssh
 from hpc_agent.slurm.job_match import run_id_from_job_name
 from hpc_agent.slurm.sacct import SACCT_FIELDS, Attempt, SacctRow, group_attempts, job_key_of
-from hpc_agent.slurm.sacct_read import SacctFormatError, read_sacct
+from hpc_agent.slurm.sacct_read import INFERRED, SacctFormatError, read_sacct
 from hpc_agent.watcher.follow import history_from, situation_from
 
 EXIT_OK = exit_status.OK  # also when Slurm does not answer: the report says "unknown", which means wait
@@ -177,13 +177,20 @@ def diagnose(job_id: Optional[str], sacct_text: str, logs: Sequence[LogText], al
     before = [d for jid, jlogs in earlier if (found := attempts_for(jobs, jid))
               for d in classify_job(found, jlogs, (), job_id=jid)]
     attempts = attempts_for(jobs, job_id or "")
-    diagnoses = before + classify_job(attempts, logs, alarms, job_id=job_id or "")
-    latest = diagnoses[-1]
     notes: List[str] = []
     if sacct_error:
         notes.append(f"sacct failed: {sacct_error}")
     elif sacct_text.strip():
         notes.extend(sacct_notes)
+    if not attempts and not before and logs and sacct_text.strip() and not sacct_error:
+        # Saved sacct text with no record of the job (not sacct output after all, or another job's): the logs
+        # still speak. (A live sacct that has no record yet means wait, so this is for saved text only.)
+        report = diagnose_logs(logs, alarms, cfg, job_id or "")
+        report["evidence"] = notes + ["no attempt of this job in the sacct text: the cause is from the logs alone"] \
+            + report["evidence"]
+        return report
+    diagnoses = before + classify_job(attempts, logs, alarms, job_id=job_id or "")
+    latest = diagnoses[-1]
     decision = decide(latest.cause, run_history(diagnoses, decisions), cfg, situation_from(diagnoses))
     return _report(latest, decision, notes, diagnoses, job_id or "")
 
@@ -224,7 +231,18 @@ def _report(latest: Diagnosis, decision: Decision, notes: Sequence[str], diagnos
         "decision": decision.to_dict(),
         "attempts": [{"job_id": d.job_id, "attempt": d.attempt_index + 1, "state": d.state, "cause": d.cause.value}
                      for d in diagnoses if d.state or d.cause != Cause.UNKNOWN],
+        "last_end": _last_end(diagnoses),
     }
+
+
+def _last_end(diagnoses: Sequence[Diagnosis]) -> Optional[Dict[str, Any]]:
+    """While the newest attempt is queued or running again (Slurm requeued the job), why the one before it
+    ended: what "why did my job die" asks of a requeued job. None otherwise."""
+    if len(diagnoses) < 2 or diagnoses[-1].cause not in (Cause.PENDING, Cause.RUNNING):
+        return None
+    d = diagnoses[-2]
+    return {"job_id": d.job_id, "attempt": d.attempt_index + 1, "state": d.state, "cause": d.cause.value,
+            "evidence": list(d.evidence[:4])}
 
 
 def attempts_for(jobs: Dict[str, List[Attempt]], job_id: str) -> List[Attempt]:
@@ -247,6 +265,9 @@ def sacct_rows(sacct_text: str) -> Tuple[List[SacctRow], List[str]]:
     except SacctFormatError as exc:
         return [], [f"sacct output not understood: {exc}"]
     notes = []
+    if INFERRED in reading.formats:
+        notes.append("sacct text without a header line: JobID, State, ExitCode and times read from what the values look "
+                     "like, other columns left unread (sacct without -n gives a sure reading)")
     if reading.skipped_count:
         notes.append(f"{reading.skipped_count} line(s) under the sacct header were not rows of it and were "
                      f"skipped (first: {reading.skipped[0][:120]!r})")
@@ -331,6 +352,10 @@ def render_text(report: Dict[str, Any]) -> str:
     if str(report.get("config", "")).startswith("schema defaults"):
         hint = "give the RUN_ID or RUN_DIR" if report.get("state_from") == FROM_NOTHING else "pass --runs-root"
         lines.append(f"  (numbers from the schema defaults: the run directory was not found; {hint})")
+    if report.get("last_end"):
+        end = report["last_end"]
+        lines.append(f"attempt {end['attempt']} before it ended: {end['cause']} ({end['state']})")
+        lines += [f"  - {e}" for e in end["evidence"][1:3]]
     if len(report["attempts"]) > 1:
         lines.append("attempts (oldest first):")
         lines += [f"  {i}. {a['job_id']} {a['state']}: {a['cause']}" for i, a in enumerate(report["attempts"], 1)]

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hpc_agent.core.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.core.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
 from hpc_agent.core.rundir import LogText
-from hpc_agent.diagnosis.logscan import (FAULT, HINT, KILL, Finding, hint_reason, parse_timestamp, scan_logs, since_last_repair,
+from hpc_agent.diagnosis.logscan import (FAULT, HINT, KILL, NORMAL_EXIT, Finding, hint_reason, parse_timestamp, scan_logs, since_last_repair,
                                          split_attempts, split_by_time)
 from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.slurm.sacct import Attempt, job_key_of
@@ -182,6 +182,7 @@ def _evidence(head: str, root: Optional[Finding], findings: Sequence[Finding],
     return tuple(dict.fromkeys(lines))
 
 
+_TASK_FAILURE = re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT \S+ DUE TO TASK FAILURE")
 _SIGKILLED = "exit {code} (SIGKILL) with no reason from Slurm: most often the kernel's OOM killer"
 
 
@@ -229,8 +230,17 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
         warnings = [f"warning: {f.where()}: {f.line}" for f in findings if f.cause == Cause.DIVERGED][:2]
         return result(Cause.RUNNING, extra=warnings)
     announced = announced_exit_code(line for log in logs for line in log.text.splitlines())
-    if state == "COMPLETED" and not (announced and announced[0] != 0):
+    task_failure = [line for log in logs for line in log.text.splitlines() if _TASK_FAILURE.search(line)]
+    step_ended = [r for r in attempt.steps if r.state in ("FAILED", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL")
+                  and r.step not in ("batch", "extern")]
+    if state == "COMPLETED" and not (announced and announced[0] != 0) and not task_failure and not step_ended:
         return result(Cause.COMPLETED)
+    if state == "COMPLETED" and (task_failure or step_ended) and not (announced and announced[0] == 0):
+        # The batch script exited 0 after one of its steps failed or was cancelled (Slurm's "CANCELLED ... DUE TO
+        # TASK FAILURE", a step row that did not complete): the step's end is what to explain, judged by its state.
+        state = "FAILED" if task_failure or any(r.state != "CANCELLED" for r in step_ended) else "CANCELLED"
+        base["state"] = state
+        head += f" (the job exited 0, but step {step_ended[0].job_id if step_ended else '?'} ended {state}: judged as {state})"
     # (COMPLETED with "[hpc_agent] ... exiting 65" in the log: a wrapper lost the exit status; go on.)
     if not state:
         return result(Cause.UNKNOWN, extra=["sacct row without a state"])
@@ -293,6 +303,8 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
         return result(Cause.PREEMPTED, extra=["Slurm (or an admin) requeued this attempt; no other reason in the log"])
     if state == "CANCELLED":
         return result(Cause.CANCELLED)
+    if task_failure:
+        guesses.append(f"a step failed ({task_failure[0].strip()[:160]}) though the job exited 0")
     if state not in ("FAILED", "SPECIAL_EXIT", "OUT_OF_MEMORY", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
                      "DEADLINE", "REVOKED"):
         return result(Cause.UNKNOWN, extra=[f"state {state} is not one this classifier knows"])
@@ -392,6 +404,11 @@ def classify_logs(logs: Sequence[LogText], alarms: Sequence[Alarm] = (), job_id:
     if plain_cancel and not kills and (root is None or root.cause in SECONDARY_FAULTS):
         root = plain_cancel[0]  # Slurm's "CANCELLED AT" with no reason: a person's scancel
     if root is None:
+        done = [(i, n, line) for i, log in enumerate(logs) for n, line in log.numbered_lines() if NORMAL_EXIT.search(line)]
+        if done:  # nothing went wrong, and the process said it finished: completed (a warning at exit is not a failure)
+            i, n, line = done[-1]
+            return Diagnosis(job_id, Cause.COMPLETED, _evidence(LOGS_ONLY_HEAD, None, findings,
+                                                                [f"{logs[i].name}:{n}: {line.strip()[:200]}"]))
         hypotheses = _hypotheses(hints, ["code_error or a fault that left no trace: no recognised line in the logs"]
                                  if not hints else [])
         evidence = _evidence(LOGS_ONLY_HEAD, None, findings, [f"hypothesis: {h}" for h in hypotheses])

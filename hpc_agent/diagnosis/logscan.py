@@ -63,6 +63,9 @@ _KILLS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # Processes that ignore SIGKILL (stuck in the kernel, often a dying GPU or filesystem): Slurm drains the node.
     (Cause.NODE_FAIL, _rx(r"STEPD TERMINATED ON (?P<node>\S+) AT \S+ DUE TO JOB NOT ENDING WITH SIGNALS")),
     (Cause.NODE_FAIL, _rx(r"(?:srun|salloc|sbatch): error: Node failure on (?P<node>[\w.-]+)")),
+    # The node's prolog failed (Slurm drains it and revokes or requeues the allocation): the node, not the job.
+    (Cause.NODE_FAIL, _rx(r"(?:srun|salloc|sbatch): (?:error: )?Prolog failure on node (?P<node>[\w.-]+)|"
+                          r"launch failed requeued held")),
     # submitit's handler of our --signal=USR2@lead (and of preemption signals).
     (Cause.TIMEOUT, _rx(r"Caught signal SIG\w+ on (?P<node>[\w.-]+): this job is timed-out")),
     (Cause.PREEMPTED, _rx(r"Caught signal SIG\w+ on (?P<node>[\w.-]+): this job is preempted")),
@@ -110,7 +113,7 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
     (Cause.GPU_HW_ERROR, _rx(r"uncorrectable ECC error|ECCUncorrectable|fallen off the bus|GPU is lost|"
                              r"NVML_ERROR_GPU_IS_LOST|Unable to determine the device handle for GPU|"
                              r"GPU health\b.*\bCRITICAL|CUDA error: unknown error|uncorrectable NVLink error|"
-                             r"RmInitAdapter failed|GPU requires reset|"
+                             r"RmInitAdapter failed|GPU requires reset|HW Exception by GPU|reason ?:GPU Hang|"
                              r"CUDA-capable device\(s\) (?:is|are)(?:/are)? busy or unavailable", re.I)),
     # /dev/shm full: data-loader workers pass batches through it, NCCL puts its intra-node buffers there.
     # Before host memory: a worker's "Bus error" is its symptom, and the fix differs (fewer workers, --shm-size).
@@ -153,7 +156,7 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                            r"Connection closed by peer|Connection reset by peer|"
                            r"ProcessGroup\w*.*timed out|Timed out waiting for .*(?:rank|peer)|"
                            r"IBV_WC_\w+|ibv_poll_cq|Gloo.*(?:timed out|Connection closed)|"
-                           r"RendezvousTimeoutError|Socket Timeout")),
+                           r"RendezvousTimeoutError|Socket Timeout|no algorithm/protocol available")),
 )
 
 # Lines that suggest a cause but do not show it: never the root, offered as hypotheses when nothing else is
@@ -176,6 +179,13 @@ _HINTS: Sequence[Tuple[Cause, str, Pattern[str]]] = (
     (Cause.DIVERGED, "gradient overflow: fp16 loss scaling backed off (normal early on; a run of them means trouble)",
      _rx(r"OVERFLOW!|overflow detected|Found NaN|Gradient overflow|[Oo]verflow.*[Ss]kipping")),
 )
+NORMAL_EXIT = _rx(r"\b[Tt]raining (?:is )?(?:finished|complete[d]?|done)\b|\b[Ff]inished training\b|\btrain_runtime\b|"
+                  r"\[hpc_agent\] .*\bexiting 0\b|\.\.\. passed\s*$|\ball tests passed\b|"
+                  r"destroy_process_group\(\) was not called before program exit|"
+                  r"process group has NOT been destroyed before it is being destructed")
+"""Lines a process prints when it finished its work or reached a normal interpreter exit (PyTorch's warnings about
+a process group left for the exit to destroy). Read only when nothing says how a job ended (``diagnose --log``
+alone): then they are the positive evidence of ``completed``."""
 _LOSS_SCALE = _rx(r"(?:loss[ _]scale(?: to)?[:=]?\s*|reducing to\s*)(?P<scale>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\b", re.I)
 _SKIPPED = _rx(r"\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+)")
 MIN_DIVERGED_SCALE = 2.0

@@ -6,6 +6,8 @@ Formats, told apart by the text itself (never by a data row):
 - ``-P`` / ``--parsable2``: a ``|``-separated header naming JobID and State.
 - ``-p`` / ``--parsable``: the same, but every line, the header too, ends with ``|``. Only the header can
   say so: a ``-P`` row whose last column (Comment, usually) is empty also ends with ``|``.
+- no header at all (``sacct -n``, a paste that lost it): read from what the values look like (JobID first,
+  a state name, ``N:M``, ISO times), a reading said in the report; other columns stay unread.
 - the default fixed-width table: a header line naming JobID and State, then a line of dashes whose runs
   give the column widths. Values too wide for their column end in ``+`` (``OUT_OF_ME+``, ``12345.bat+``),
   completed downstream where unambiguous. Widths count bytes, as sacct's printf does: a UTF-8 job name
@@ -21,14 +23,15 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from hpc_agent.slurm.sacct import (SacctFormatError, SacctRow, header_fields, is_header, pipe_row, row_from_fields,
-                                   text_lines)
+from hpc_agent.slurm.sacct import (STATES, SacctFormatError, SacctRow, header_fields, is_header, normalize_state,
+                                   pipe_row, row_from_fields, text_lines)
 from hpc_agent.slurm.sacct_json import parse_sacct_json
 
 __all__ = ["SacctFormatError", "SacctReading", "read_sacct", "read_sacct_text", "JSON", "PARSABLE", "PARSABLE2",
-           "FIXED_WIDTH"]
+           "FIXED_WIDTH", "INFERRED"]
 
 JSON, PARSABLE2, PARSABLE, FIXED_WIDTH = "json", "parsable2 (-P)", "parsable (-p)", "fixed-width"
+INFERRED = "no header (columns inferred from the values)"
 HOW_TO_SAVE = ("save the output of `sacct -j JOBID -D -P --format=JobID,JobName,State,ExitCode,NodeList,Start,End` "
                "(or `sacct --json`), header line included")
 
@@ -42,6 +45,7 @@ KNOWN_FIELDS = (
     "TotalCPU", "UID", "User", "WCKey", "WorkDir")
 _CANONICAL = {name.lower(): name for name in KNOWN_FIELDS}
 _DASHES_RE = re.compile(r"^[- ]*-[- ]*$")
+_JOBID = re.compile(r"^\d+(?:_(?:\d+|\[[^\]]*\]))?(?:\+\d+)?(?:\.[\w+]+)?$")
 _MAX_SKIPPED_SHOWN = 3
 
 
@@ -116,6 +120,9 @@ def _read_tables(lines: Sequence[str]) -> SacctReading:
             if len(skipped) < _MAX_SKIPPED_SHOWN:
                 skipped.append(line[:200])
     if not formats:
+        inferred = [row for row in (_inferred_row(line) for line in lines if line.strip()) if row is not None]
+        if inferred:  # `sacct -n`, or a header lost in the paste: the values say which column they are
+            return SacctReading(tuple(inferred), (INFERRED,))
         shown = (first_line or "").strip()[:120]
         raise SacctFormatError(
             f"no sacct header line (a line naming JobID and State: '|'-separated as -P/-p print it, or "
@@ -126,6 +133,38 @@ def _read_tables(lines: Sequence[str]) -> SacctReading:
             f"a sacct header, but none of the {skipped_count} line(s) under it is a row of it (first: "
             f"{skipped[0][:120]!r}): the columns do not match the header; {HOW_TO_SAVE}")
     return SacctReading(tuple(rows), tuple(formats), tuple(skipped), skipped_count)
+
+
+_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}$")
+_EXIT = re.compile(r"^\d+:\d+$")
+
+
+def _inferred_row(line: str) -> Optional[SacctRow]:
+    """A row of sacct output printed without its header (``-n``/``--noheader``, or a paste that lost it), read
+    from what each value looks like: the first value is the JobID (a line that starts otherwise is no row),
+    the first state name (``CANCELLED by 1234``, a ``+``-truncated one) the State, the first ``N:M`` the
+    ExitCode, ISO times Start and End (Submit, Start, End when there are three). Other columns stay unread:
+    a NodeList cannot be told from a job name."""
+    values = [v.strip() for v in line.split("|")] if "|" in line else line.split()
+    if not values or not _JOBID.match(values[0]):
+        return None
+    cols = {"JobID": values[0]}
+    rest = values[1:]
+    for i, value in enumerate(rest):
+        state, _ = normalize_state(value)
+        if state in STATES:
+            by = rest[i + 2] if i + 2 < len(rest) and rest[i + 1] == "by" else None
+            cols["State"] = f"{value} by {by}" if by else value
+            break
+    if "State" not in cols:
+        return None
+    exits = [v for v in rest if _EXIT.match(v)]
+    if exits:
+        cols["ExitCode"] = exits[0]
+    times = [v for v in rest if _ISO.match(v) or v in ("Unknown", "None")]
+    if len(times) >= 2:
+        cols.update(zip(("Submit", "Start", "End") if len(times) >= 3 else ("Start", "End"), times[-3:] if len(times) >= 3 else times[:2]))
+    return row_from_fields(cols)
 
 
 def canonical_field(name: str) -> str:

@@ -125,9 +125,14 @@ def _meta_problem(meta: Any, has_sacct: bool) -> Optional[str]:
         return f"meta.json: acceptable has {odd!r}, not cause names"
     if cause not in acceptable:
         return f"meta.json: cause {cause!r} is not in acceptable {acceptable!r}"
-    for key in ("framework", "sacct_format"):
-        if key in meta and not isinstance(meta[key], str):
-            return f"meta.json: {key} {meta[key]!r} is not a string"
+    if "framework" in meta and not isinstance(meta["framework"], str):
+        return f"meta.json: framework {meta['framework']!r} is not a string"
+    shape = meta.get("sacct_format")
+    if shape is not None and not (isinstance(shape, str) or (isinstance(shape, list) and shape
+                                                             and all(isinstance(x, str) for x in shape))):
+        return f"meta.json: sacct_format {shape!r} is neither a string nor a list of strings"
+    if "job_id" in meta and not isinstance(meta["job_id"], str):
+        return f"meta.json: job_id {meta['job_id']!r} is not a string"
     said = meta.get("sacct")
     if said is not None and (said != "none") != has_sacct:
         return f"meta.json says sacct {said!r} but sacct.txt is {'there' if has_sacct else 'missing'}"
@@ -171,7 +176,11 @@ def load_cases(root: Path = DEFAULT_ROOT) -> List[Case]:
 
 
 def sacct_format(case: Case) -> str:
-    return case.meta.get("sacct_format") or ("none" if case.sacct is None else "unspecified")
+    """The case's sacct shape (several joined with ``+``: ``array+p``); ``none``/``unspecified`` without one."""
+    shape = case.meta.get("sacct_format")
+    if isinstance(shape, list):
+        shape = "+".join(shape)
+    return shape or ("none" if case.sacct is None else "unspecified")
 
 
 # --- one answer ------------------------------------------------------------------------------------------------
@@ -181,7 +190,11 @@ def answer(case: Case) -> Tuple[str, Dict[str, Any]]:
     logs = [LogText("log.txt", case.log)]
     try:
         if case.sacct is not None:
-            report = diagnose(None, case.sacct, logs, [], Config())
+            report = diagnose(case.meta.get("job_id"), case.sacct, logs, [], Config())
+            if report.get("last_end"):  # requeued, queued or running again: why the attempt before it ended
+                end = report["last_end"]
+                return str(end["cause"]), {"route": "diagnose, last_end", "state": end.get("state", ""),
+                                           "evidence": list(end.get("evidence", [])), "hypotheses": []}
             return str(report["cause"]), {"route": "diagnose", "state": report.get("state", ""),
                                           "evidence": list(report.get("evidence", [])),
                                           "hypotheses": list(report.get("hypotheses", []))}

@@ -191,7 +191,7 @@ import time as _time  # noqa: E402
 
 from hpc_agent.slurm.sacct import SacctFormatError as _SacctFormatErrorHome  # noqa: E402
 from hpc_agent.slurm.sacct_json import exit_code as json_exit_code, number, parse_sacct_json  # noqa: E402
-from hpc_agent.slurm.sacct_read import (FIXED_WIDTH, PARSABLE, PARSABLE2, SacctFormatError,  # noqa: E402
+from hpc_agent.slurm.sacct_read import (FIXED_WIDTH, INFERRED, PARSABLE, PARSABLE2, SacctFormatError,  # noqa: E402
                                         canonical_field, read_sacct, read_sacct_text)
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "sacct_corpus"
@@ -257,10 +257,32 @@ def test_truncated_header_names():
         "NodeList", "ExitCode", "DerivedExitCode", "JobID", "Sta", "Start"]
 
 
+@pytest.mark.parametrize("text, expected", [
+    # sacct -n -P with the default columns
+    ("145|ct-oom|OUT_OF_MEMORY|0:125\n145.batch|batch|OUT_OF_MEMORY|0:125\n",
+     [("145", "OUT_OF_MEMORY", None, "0:125", ""), ("145.batch", "OUT_OF_MEMORY", None, "0:125", "")]),
+    # sacct -n, fixed width, a cancel by a user, a truncated state, an array task, times
+    ("      10657815_2 CANCELLED+      0:0   00:07:28\n10657815_2.batch  CANCELLED     0:15   00:07:29\n",
+     [("10657815_2", "CANCELLED", None, "0:0", ""), ("10657815_2.batch", "CANCELLED", None, "0:15", "")]),
+    ("77  train  gpu  CANCELLED by 1234  0:0  2026-11-30T10:00:00  2026-11-30T11:00:00\n",
+     [("77", "CANCELLED", "1234", "0:0", "2026-11-30T10:00:00")]),
+    # a header without its line of dashes: the header line is no row, the rows are read
+    ("           JobID      State ExitCode    Elapsed  Timelimit\n      10657548_1    TIMEOUT      0:0   00:02:14   "
+     "00:02:00\n", [("10657548_1", "TIMEOUT", None, "0:0", "")]),
+    # a paste that lost the first row's job id: that line is no row
+    ("dagster_a+ boost_usr+ 8  COMPLETED      0:0\n22051504.1   ray_worke+  4 CANCELLED+      0:9\n",
+     [("22051504.1", "CANCELLED", None, "0:9", "")]),
+])
+def test_sacct_without_a_header_is_read_from_its_values(text, expected):
+    reading = read_sacct(text)
+    assert reading.formats == (INFERRED,)
+    assert [(r.job_id, r.state, r.cancelled_by, r.exit_code, r.get("Start")) for r in reading.rows] == expected
+
+
 @pytest.mark.parametrize("text, needle", [
     ("", "empty"), ("  \r\n", "empty"), ("a\x00b", "binary"),
     ("sacct: error: Connection refused\n", "no sacct header line"),
-    ("145|ct-oom|OUT_OF_MEMORY|0:125\n", "without -n"),
+    ("srun: error: node1: task 0: Exited with exit code 1\n", "without -n"),  # no line starts with a job id
     ("{\"jobs\": 3}", "not `sacct --json`"), ("{oops", "not valid JSON"), ("[" * 100000, "no sacct header"),
     ("{\"jobs\": [], \"errors\": [{\"error\": \"Unable to connect to database\"}]}", "Unable to connect"),
     ("{\"jobs\": [1]}", "jobs[0] is not an object"), ("{" * 100000, "JSON"),
