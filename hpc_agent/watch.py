@@ -11,7 +11,9 @@ the holder, or with ``--wait-for-lease`` waits until the lease expires and takes
 ``<runs root>/watch.paused`` (``hpc_agent.state.killswitch``): every watcher stops acting within one tick, and
 every sweep driver on the root stops before its next submission or cancel, until ``--resume`` removes it.
 Pausing or resuming a folder that is not a runs root (no ledger: a mistyped path) exits 2 and creates nothing.
-A run the watcher could not follow is parked in ``needs_attention``; ``--resume-run RUN_ID`` puts it back.
+A run the watcher could not follow is parked in ``needs_attention``, and so is a run whose attempts ended without a
+known cause twice at the same checkpoint step; ``--resume-run RUN_ID`` puts it back (for the latter, the next tick
+requeues its attempt once from the newest checkpoint).
 """
 from __future__ import annotations
 

@@ -48,6 +48,7 @@ ENV_CKPT_DIR = "HPC_AGENT_CKPT_DIR"
 ENV_RESUME_TAG = "HPC_AGENT_RESUME_TAG"
 ENV_CONFIG = "HPC_AGENT_CONFIG"
 ENV_WORKDIR = "HPC_AGENT_WORKDIR"  # where the script runs (the submit directory or container.workdir)
+ENV_LOADER_WORKERS = "HPC_AGENT_LOADER_WORKERS"  # train.loader_workers: the watcher halves it after shm_exhausted
 FORWARDED = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
@@ -126,7 +127,7 @@ def build_launch(cfg: Any, run_dir: Path, config_path: Path, denv: Any, *, on_cu
     env = dict(environ)
     env.update({
         ENV_DS_CONFIG: str(path), ENV_RUN_DIR: str(run_dir), ENV_CKPT_DIR: str(rundir.checkpoints_dir(run_dir)),
-        ENV_RESUME_TAG: resume.tag, ENV_CONFIG: str(config_path),
+        ENV_RESUME_TAG: resume.tag, ENV_CONFIG: str(config_path), ENV_LOADER_WORKERS: str(cfg.train.loader_workers),
         "RANK": str(denv.rank), "LOCAL_RANK": str(denv.local_rank), "WORLD_SIZE": str(denv.world_size),
         "MASTER_ADDR": str(denv.master_addr), "MASTER_PORT": str(denv.master_port),
     })

@@ -250,6 +250,13 @@ class TrainConfig:
     seed: int = 1234
     """Random seed for model init, data order and dropout."""
 
+    loader_workers: int = 2
+    """Data-loader worker processes per rank, for data loading of your own: a workload of your own reads
+    ``cfg.train.loader_workers`` and a ``train.command`` script gets it as ``HPC_AGENT_LOADER_WORKERS`` (e.g. for
+    ``DataLoader(num_workers=...)``); the built-in workloads load their data in the training process and start
+    none. Workers pass batches through shared memory (/dev/shm): after a ``shm_exhausted`` end the watcher halves
+    this (down to 0), then asks for more ``slurm.mem``. 0: load in the training process."""
+
     log_every: int = 1
     """Write TensorBoard scalars every N optimizer steps."""
 
@@ -294,6 +301,9 @@ class TrainConfig:
             problems.append(Problem("train.grad_clip", self.grad_clip, "0 (off) or a positive norm"))
         if self.gpu_health_every is None or self.gpu_health_every < 0:
             problems.append(Problem("train.gpu_health_every", self.gpu_health_every, "0 (off) or a positive step count"))
+        if self.loader_workers is None or self.loader_workers < 0:
+            problems.append(Problem("train.loader_workers", self.loader_workers, "0 (load in the training process) "
+                                    "or a number of worker processes"))
         if self.eval_every is None or self.eval_every < 0:
             problems.append(Problem("train.eval_every", self.eval_every, "0 (only at the end) or a positive step count"))
         if self.min_lr_ratio is None or not 0 <= self.min_lr_ratio <= 1:

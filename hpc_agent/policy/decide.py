@@ -11,7 +11,10 @@ A *patch* is ``{dotted.key: new value}`` (``{"train.micro_batch_size": 4, "train
   because a requeued job otherwise waits 121 s before it may start;
 - ``resubmit``: a new job with the patched config (node exclusions, memory, batch ladder, LR), resuming
   from the newest checkpoint or from ``rollback_to_step``;
-- ``stop``: give up and report (code errors, cancellations, exhausted budgets, no progress).
+- ``stop``: give up and report (code errors, cancellations, exhausted budgets, no progress);
+- ``needs_attention``: park the run for a person (an attempt that ended without a known cause, a second
+  time at the same checkpoint step): the watcher moves it to the lifecycle phase ``needs_attention`` with the
+  evidence and the hypotheses; ``watch --resume-run`` requeues it from there.
 
 Budgets: a retry budget per cause and an overall one (``watch.max_retries``). Preemptions are free (not
 the run's fault), and so are timeouts that saved a newer checkpoint (a long run needs many). The
@@ -27,17 +30,20 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from hpc_agent.config.schema import Config
 from hpc_agent.core.causes import Cause
+from hpc_agent.policy.env_fix import env_fix
 from hpc_agent.policy.memory import GPU_HEADROOM, gpu_oom_fit
 from hpc_agent.policy.partitions import weigh_partitions
 from hpc_agent.slurm.hostlist import expand_hostlist
 
 WAIT, DONE, REQUEUE, RESUBMIT, STOP = "wait", "done", "requeue", "resubmit", "stop"
-ACTIONS = (WAIT, DONE, REQUEUE, RESUBMIT, STOP)
+ATTENTION = "needs_attention"
+ACTIONS = (WAIT, DONE, REQUEUE, RESUBMIT, STOP, ATTENTION)
 
 DEFAULT_PER_CAUSE: Mapping[str, Optional[int]] = {
     "preempted": None,  # None: unlimited
     "timeout": None,    # unlimited while it progresses; the no-progress guard catches hangs
-    "node_fail": 3, "gpu_hw_error": 3, "nccl_error": 3, "host_oom": 3, "diverged": 3,
+    "node_fail": 3, "gpu_hw_error": 3, "nccl_error": 3, "host_oom": 3, "shm_exhausted": 3, "diverged": 3,
+    "unknown": 3,       # an ended attempt without a known cause; a repeat at the same step parks the run (_unknown)
     "gpu_oom": 12,      # the ladder itself ends: log2(micro_batch_size) + at most 6 rungs
     "hung": 3,          # and a repeat at the same step in the same frame stops at once (_rule)
 }
@@ -57,6 +63,9 @@ class PastAttempt:
     """A newer complete checkpoint exists after this attempt; None when unknown."""
     hang: Optional[Tuple[Optional[int], str]] = None
     """For a ``hung`` attempt: (the step it hung at, the stack signature of its stuck ranks)."""
+    step: Optional[int] = None
+    """The step its retry resumed from: the newest complete checkpoint when it was decided (the ledger's
+    ``ckpt_step``); None: no checkpoint yet."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,18 @@ class Situation:
     watcher for a decision that could move the run (a GPU OOM, a node or GPU fault); None: not gathered."""
     remaining_steps: Optional[int] = None
     """Steps left after the newest complete checkpoint (for the placement's time estimate)."""
+    ended: bool = False
+    """The attempt is over (``Diagnosis.ended``): an ``unknown`` cause then means "no positive evidence for any
+    cause" (requeue once, then park), not an unknown state (wait)."""
+    evidence: Tuple[str, ...] = ()
+    """The diagnosis' evidence lines (for ``env_error``: the line that names the fix, :func:`env_fix`)."""
+    hypotheses: Tuple[str, ...] = ()
+    """For an ``unknown`` cause of an ended attempt: the classifier's best guesses, most likely first."""
+
+    @property
+    def resume_step(self) -> Optional[int]:
+        """The step a retry resumes from: the newest complete checkpoint; None: none yet (start over)."""
+        return max(self.checkpoint_steps) if self.checkpoint_steps else None
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,8 @@ class Decision:
     """Does not count against the overall retry budget."""
     placement: Optional[Dict[str, Any]] = None
     """The candidate table and the reason, when partitions were weighed (``partitions.Choice.to_dict``)."""
+    hypotheses: Tuple[str, ...] = ()
+    """For ``needs_attention`` after an unknown cause: the classifier's hypotheses, for the person who looks."""
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"action": self.action, "cause": self.cause, "reason": self.reason, "patch": dict(self.patch),
@@ -123,6 +146,8 @@ class Decision:
                "needs_universal_checkpoint": self.needs_universal_checkpoint, "free": self.free}
         if self.placement is not None:
             out["placement"] = self.placement
+        if self.hypotheses:
+            out["hypotheses"] = list(self.hypotheses)
         return out
 
 
@@ -244,6 +269,10 @@ def _rule(cause: Cause, history: Sequence[PastAttempt], cfg: Config, situation: 
                                      "and nothing offloaded: lower train.micro_batch_size or use nodes with more memory")
         patch, what = fix
         return Decision(RESUBMIT, c, f"host out of memory: {what}", patch)
+    if cause == Cause.SHM_EXHAUSTED:
+        return _shm_exhausted(cfg, limits)
+    if cause == Cause.UNKNOWN:
+        return _unknown(history, situation)
     if cause == Cause.HUNG:
         return _hung(history, cfg, situation)
     if cause == Cause.DIVERGED:
@@ -274,6 +303,49 @@ def _hung(history: Sequence[PastAttempt], cfg: Config, situation: Situation) -> 
     return Decision(RESUBMIT, c, f"hung at {where}: cancel and resubmit from the newest checkpoint")
 
 
+def _shm_exhausted(cfg: Config, limits: PolicyLimits) -> Decision:
+    """A full /dev/shm: halve the data-loader workers (they pass batches through it), down to 0; with none left,
+    more ``--mem`` (shared memory counts against the job's cgroup memory), as for a host OOM. In a container the
+    same holds: pyxis (enroot's default mounts) and ``apptainer exec`` both bind the node's own /dev/shm, and
+    neither has a size option to set instead."""
+    c = Cause.SHM_EXHAUSTED.value
+    workers = cfg.train.loader_workers
+    if workers > 0:
+        fewer = workers // 2
+        return Decision(RESUBMIT, c, f"shared memory (/dev/shm) full: fewer data-loader workers, "
+                                     f"train.loader_workers {workers} -> {fewer}", {"train.loader_workers": fewer})
+    fix = _host_oom_fix(cfg, limits, offload_allowed=False)
+    if fix is None:
+        where = (f" (the {cfg.container.runtime} container shares the node's /dev/shm)"
+                 if cfg.container.runtime != "none" else "")
+        mem = f"--mem {cfg.slurm.mem}" if cfg.slurm.mem else "the partition's default --mem"
+        return Decision(STOP, c, f"shared memory (/dev/shm) full with no data-loader workers "
+                                 f"(train.loader_workers=0) and no more memory to ask for ({mem}; the partition "
+                                 f"allows no more, or its limit is unknown){where}: pass smaller batches between "
+                                 "processes, or use nodes with a larger /dev/shm (`df -h /dev/shm` on a node; its "
+                                 "size is the admins' setting)")
+    patch, what = fix
+    return Decision(RESUBMIT, c, f"shared memory (/dev/shm) full with no data-loader workers left "
+                                 f"(train.loader_workers=0); it counts against the job's memory: {what}", patch)
+
+
+def _unknown(history: Sequence[PastAttempt], situation: Situation) -> Decision:
+    """An attempt that ended with no positive evidence for any cause: requeue it once, unchanged, from the newest
+    checkpoint (a transient fault rarely repeats); an earlier unknown end at the same resume step (no newer
+    checkpoint between them; no checkpoint both times counts as the same) parks the run for a person."""
+    c = Cause.UNKNOWN.value
+    step = situation.resume_step
+    where = f"step {step}" if step is not None else "the start (no checkpoint yet)"
+    if any(h.cause == c and h.step == step for h in history):
+        guesses = "; ".join(situation.hypotheses) or "none"
+        return Decision(ATTENTION, c, f"ended without a known cause again at {where} (no newer checkpoint between "
+                                      f"the two): not a transient fault; look at the log lines and the hypotheses "
+                                      f"({guesses}); resuming the run requeues it",
+                        hypotheses=situation.hypotheses)
+    return Decision(REQUEUE, c, f"ended without a known cause at {where}: requeue once, unchanged, from the newest "
+                                "checkpoint (a transient fault rarely repeats)", expedite=True)
+
+
 def repair_rule(cause: str | Cause, cfg: Config, situation: Situation = Situation(),
                 limits: PolicyLimits = PolicyLimits()) -> Decision:
     """The rule alone, without the watcher's budgets: what the job's in-job recovery applies (launch/recovery.py)."""
@@ -290,7 +362,7 @@ def decide(cause: str | Cause, history: Sequence[PastAttempt], cfg: Config, situ
     if cause == Cause.PENDING and situation.requeued_after in (Cause.PREEMPTED, Cause.NODE_FAIL, Cause.TIMEOUT):
         return Decision(WAIT, c, f"Slurm requeued it after {situation.requeued_after}: skip the 121 s requeue delay",
                         expedite=True, free=True)
-    if cause in (Cause.RUNNING, Cause.PENDING, Cause.UNKNOWN):
+    if cause in (Cause.RUNNING, Cause.PENDING) or (cause == Cause.UNKNOWN and not situation.ended):
         return Decision(WAIT, c, {"unknown": "state unknown (sacct failed or has no record): wait, never requeue"}
                         .get(c, f"{c}: wait"), free=True)
     if cause == Cause.CODE_ERROR:
@@ -301,8 +373,9 @@ def decide(cause: str | Cause, history: Sequence[PastAttempt], cfg: Config, situ
         return Decision(STOP, c, "run directory busy: another live job trains in it; a requeue would be refused "
                                  "the same way (two attempts would overwrite each other's checkpoints)")
     if cause == Cause.ENV_ERROR:
+        fix = env_fix(situation.evidence)
         return Decision(STOP, c, "environment problem: every retry in this environment would fail the same way; "
-                                 "run the fix in the evidence, then resubmit")
+                                 + (f"fix: {fix}" if fix else "run the fix in the evidence, then resubmit"))
 
     proposed = _rule(cause, history, cfg, situation, limits)
     if proposed.action not in (REQUEUE, RESUBMIT):

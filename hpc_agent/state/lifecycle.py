@@ -10,6 +10,7 @@ follow core's decision: its effects (``hpc_agent.watcher.follow_model.Effect``) 
         |                             |  ^                  |
         |                             |  '---requeued-------+---ended(recoverable)--> recovering
         '--submit_failed--> stopped   '--ended(final)---> stopped <--gave_up----------'
+                                      '--ended(needs_attention), unfollowable--> needs_attention --resumed--> pending
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ class Phase(str, Enum):
     RECOVERING = "recovering"  # an attempt ended; the decided action is being carried out
     COMPLETED = "completed"    # terminal: training finished
     STOPPED = "stopped"        # terminal: gave up, cancelled, or a code error
-    NEEDS_ATTENTION = "needs_attention"  # the watcher could not follow this run (unreadable files, a bug);
-    #                                      parked with the reason in its audit trail until a person resumes it
+    NEEDS_ATTENTION = "needs_attention"  # the watcher could not follow this run (unreadable files, a bug), or
+    #                                      the policy parked it (an unknown cause twice at the same step); parked
+    #                                      with the reason in its audit trail until a person resumes it
 
 
 TERMINAL = frozenset({Phase.COMPLETED, Phase.STOPPED})
@@ -57,6 +59,7 @@ class Action(str, Enum):
     REQUEUE = "requeue"      # same job id: ensure requeued, expedite its start (preempted, timeout)
     RESUBMIT = "resubmit"    # new job with a patched config (OOM ladder, node exclusion, LR rollback)
     STOP = "stop"            # never requeue (code error, cancelled, budget spent)
+    ATTENTION = "needs_attention"  # park for a person: ended without a known cause twice at the same step
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,10 @@ EDGES: Dict[Tuple[Phase, EventKind, Optional[Action]], Phase] = {
     (Phase.RECOVERING, EventKind.STARTED, None): Phase.RUNNING,  # a requeued job started before we looked
     (Phase.RECOVERING, EventKind.QUEUED, None): Phase.RECOVERING,
     (Phase.RECOVERING, EventKind.ENDED, Action.STOP): Phase.STOPPED,  # e.g. budget spent while retrying
+    # The policy parks the run (an unknown cause repeated at the same step): a person looks, then resumes it.
+    (Phase.PENDING, EventKind.ENDED, Action.ATTENTION): Phase.NEEDS_ATTENTION,
+    (Phase.RUNNING, EventKind.ENDED, Action.ATTENTION): Phase.NEEDS_ATTENTION,
+    (Phase.RECOVERING, EventKind.ENDED, Action.ATTENTION): Phase.NEEDS_ATTENTION,
     (Phase.NEEDS_ATTENTION, EventKind.RESUMED, None): Phase.PENDING,  # the next tick looks at sacct afresh
     # The job handed over to a successor job (hpc_agent/core/handback.py): the run follows that job, queued or not yet
     # seen running.

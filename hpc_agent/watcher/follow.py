@@ -19,8 +19,8 @@ from hpc_agent.config.load import apply_patch
 from hpc_agent.core.causes import Cause
 from hpc_agent.diagnosis.classify import Diagnosis, classify_job
 from hpc_agent.diagnosis.logscan import gpu_capacity_bytes
-from hpc_agent.policy.decide import (DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits, Situation,
-                                     decide)
+from hpc_agent.policy.decide import (ATTENTION, DONE, REQUEUE, RESUBMIT, STOP, Decision, PastAttempt, PolicyLimits,
+                                     Situation, decide)
 from hpc_agent.slurm.sacct import Attempt
 from hpc_agent.state.lifecycle import Action, Event, EventKind, Phase, transition
 from hpc_agent.watcher.follow_hang import config_value as _get, open_suspicion, running
@@ -29,7 +29,7 @@ from hpc_agent.watcher.follow_model import (NOT_ASKED, Adopt, Cancel, Effect, Ex
 
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING"})
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
-_ACTIONS = {REQUEUE: Action.REQUEUE, RESUBMIT: Action.RESUBMIT, STOP: Action.STOP}
+_ACTIONS = {REQUEUE: Action.REQUEUE, RESUBMIT: Action.RESUBMIT, STOP: Action.STOP, ATTENTION: Action.ATTENTION}
 PLACEMENT_CAUSES = (Cause.GPU_OOM, Cause.NODE_FAIL, Cause.GPU_HW_ERROR)
 """Causes whose resubmission may move the run to another partition (``placement.mode`` auto)."""
 
@@ -40,26 +40,30 @@ def situation_from(diagnoses: Sequence[Diagnosis], made_progress: Optional[bool]
                    remaining_steps: Optional[int] = None) -> Situation:
     """The policy's facts about the newest attempt. A pending attempt after a Slurm requeue carries the
     cause of the attempt before it (so the policy can expedite it); the GPU's capacity comes from the
-    out-of-memory message when it states it; ``placement``: the partitions' facts, when gathered."""
+    out-of-memory message when it states it; ``placement``: the partitions' facts, when gathered. Whether the
+    attempt ended, its evidence lines and the hypotheses of an unknown cause come from the diagnosis as they are."""
     latest = diagnoses[-1]
     previous = diagnoses[-2].cause.value if len(diagnoses) > 1 and latest.cause == Cause.PENDING else None
+    lines = (*latest.evidence, latest.root.line) if latest.root else tuple(latest.evidence)
     return Situation(job_id=latest.job_id, made_progress=made_progress, checkpoint_steps=tuple(checkpoint_steps),
                      nodes=latest.nodes, bad_nodes=latest.bad_nodes, divergence_step=latest.divergence_step,
-                     gpu_capacity_bytes=gpu_capacity_bytes([*latest.evidence, latest.root.line if latest.root else ""]),
-                     requeued_after=previous, placement=tuple(placement) if placement else None,
-                     remaining_steps=remaining_steps)
+                     gpu_capacity_bytes=gpu_capacity_bytes(lines), requeued_after=previous,
+                     placement=tuple(placement) if placement else None, remaining_steps=remaining_steps,
+                     ended=latest.ended, evidence=lines, hypotheses=tuple(latest.hypotheses))
 
 
 def history_from(rows: Sequence[Any]) -> Tuple[PastAttempt, ...]:
     """The policy's history from the ledger's decision rows (oldest first); progress is whether the
-    checkpoint step recorded with a decision moved past the one before it."""
+    checkpoint step recorded with a decision moved past the one before it; ``step`` is that checkpoint step
+    (the newest complete checkpoint when the attempt was decided: where its retry resumed)."""
     out = []
     for i, row in enumerate(rows):
         before = rows[i - 1].ckpt_step if i else None
         progress = None if row.ckpt_step is None and before is None else (row.ckpt_step or -1) > (before or -1)
         hang = (getattr(row, "decision", None) or {}).get("hang")
         out.append(PastAttempt(row.job_id, row.cause, row.action, row.patch, progress,
-                               (hang.get("step"), str(hang.get("signature", ""))) if isinstance(hang, dict) else None))
+                               (hang.get("step"), str(hang.get("signature", ""))) if isinstance(hang, dict) else None,
+                               row.ckpt_step))
     return tuple(out)
 
 
@@ -89,7 +93,9 @@ def wants(state: RunState, attempts: Sequence[Attempt]) -> Wants:
     if latest.state in PENDING_STATES:
         return Wants(files=index > 0 and index not in state.expedited)
     if index in state.decided:
-        return Wants()
+        # Pending with its attempt decided and ended: resumed after the policy parked it (``_resumed``), which
+        # needs the ledger's newest decision; otherwise nothing to read.
+        return Wants(files=state.phase is Phase.PENDING)
     return Wants(queue=False, files=True)  # squeue only if the decision would act (Outcome.ask_queue)
 
 
@@ -117,7 +123,7 @@ def follow(state: RunState, obs: Observation, limits: PolicyLimits = PolicyLimit
             outcome = replace(outcome, phase=queued.phase)
         return outcome
     if index in state.decided:
-        return Outcome(state.phase)
+        return _resumed(state, index, obs.files) if state.phase is Phase.PENDING else Outcome(state.phase)
     return _ended(state, attempts, obs, limits)
 
 
@@ -256,17 +262,46 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
         effects = (ReleaseLease(state.job_id),
                    Resubmit(state.job_id, decision.patch, f"{decision.cause}: {decision.reason}",
                             decision.rollback_to_step, decision.rollback_before_step))
+    elif decision.action == ATTENTION:
+        effects = (Notify(f"needs attention: {decision.reason}"),)
+        lines += [f"    hypothesis: {h}" for h in decision.hypotheses]
     else:
         effects = (Notify(f"stopped: {decision.reason}"),)
     audit = {"job_id": state.job_id, "attempt": state.attempt_offset + latest.attempt_index + 1,
              "cause": latest.cause.value, "evidence": list(latest.evidence), "decision": decision.to_dict(),
              "config_diff": {k: {"from": _get(cfg, k), "to": v} for k, v in decision.patch.items()}}
+    if decision.action == ATTENTION:
+        # Parked by the policy: the record says so the way every park does (``action``, ``reason``), and carries
+        # what a person needs to judge it (the log lines are ``evidence``).
+        audit.update(action=ATTENTION, reason=decision.reason, hypotheses=list(decision.hypotheses))
     if files.notes:
         audit["notes"] = list(files.notes)
     # A requeue is expedited with it: its next attempt needs no second expedite when sacct shows it pending.
     expedite = latest.attempt_index + 1 if decision.action == REQUEUE else None
     return Outcome(phase, effects, _decision_row(state, latest, decision, steps[-1] if steps else None),
                    expedite_attempt=expedite, audit=(audit,), lines=tuple(lines))
+
+
+def _resumed(state: RunState, index: int, files: Optional[RunFiles]) -> Outcome:
+    """A pending run whose newest attempt ended and was decided: a person resumed it (``watch --resume-run``)
+    after the policy parked it (``needs_attention``). The resume is the go-ahead: requeue that attempt once,
+    unchanged, from the newest checkpoint, and expedite it. Not a decision of its own (the park is the attempt's
+    decision row, so an unknown end at the same step again parks again), and free of the budgets: a person asked."""
+    last = state.last_decision
+    if files is None or not last or (last["job_id"], last["attempt"], last["action"]) != (state.job_id, index, ATTENTION) \
+            or index + 1 in state.expedited:  # (expedited: its requeue is journaled already; sacct lags behind)
+        return Outcome(state.phase)
+    parked = _unfollowable(state, files)
+    if parked is not None:
+        return parked
+    phase = transition(state.phase, Event(EventKind.ENDED, state.job_id, Action.REQUEUE))
+    reason = (f"resumed by a person after it was parked ({last['reason']}): requeue attempt {index + 1} once, "
+              "unchanged, from the newest checkpoint")
+    decision = Decision(REQUEUE, str(last["cause"]), reason, expedite=True, free=True)
+    audit = {"job_id": state.job_id, "attempt": state.attempt_offset + index + 1, "cause": str(last["cause"]),
+             "resumed": True, "decision": decision.to_dict(), "config_diff": {}}
+    return Outcome(phase, (Requeue(state.job_id), Expedite(state.job_id)), expedite_attempt=index + 1,
+                   audit=(audit,), lines=(f"job {state.job_id} attempt {index + 1}: {reason}",))
 
 
 def _recovering(state: RunState, obs: Observation) -> Outcome:
@@ -276,12 +311,14 @@ def _recovering(state: RunState, obs: Observation) -> Outcome:
     if not last:
         return Outcome(state.phase)
     latest, index = obs.attempts[-1], len(obs.attempts) - 1
+    # (A parked attempt's decision is the newest while a person's resume requeues it: ``_resumed``.)
     recovered = last["job_id"] != state.job_id or (
-        last["action"] == REQUEUE and latest.state in PENDING_STATES | RUNNING_STATES and index > last["attempt"])
+        last["action"] in (REQUEUE, ATTENTION) and latest.state in PENDING_STATES | RUNNING_STATES
+        and index > last["attempt"])
     if recovered:
         return _to(state, Event(EventKind.RECOVERED, state.job_id))
     saved = last.get("decision", {})
-    if last["action"] == REQUEUE:
+    if last["action"] in (REQUEUE, ATTENTION):
         effects: Tuple[Effect, ...] = (Requeue(state.job_id), Expedite(state.job_id))
     elif last["action"] == RESUBMIT:
         effects = (Resubmit(state.job_id, dict(last.get("patch", {})), f"{last['cause']}: {last['reason']}",

@@ -7,7 +7,8 @@ sending it, and delivers it. Events:
 
 - ``completed``: the decision record of a finished run (``cause: completed``, ``action: done``);
 - ``gave_up``: a decision whose action is ``stop`` (code error, budget spent, the same hang twice, ...);
-- ``attention``: a run parked in ``needs_attention``; a hang suspected (stacks asked); a requeue or
+- ``attention``: a run parked in ``needs_attention`` (by the watcher's trouble following it, or by the policy:
+  an unknown cause twice at the same step, with its hypotheses and log lines); a hang suspected (stacks asked); a requeue or
   resubmission that leaves at most one retry in a budget (``budget``); the kill switch set (``paused``,
   runs-root wide: :func:`paused_notification`).
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 BUDGET_WARN_LEFT = 1  # warn while a budget has this many retries left or fewer: the next failure may be the last
+NOTIFY_EVIDENCE_LINES = 3  # log lines in a parked run's notification text (all of them are in its fields)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class Notification:
         """The JSON the command gets on stdin and the webhook gets as its body (Slack reads ``text``; the
         other keys are ignored by Slack and read by scripts)."""
         return {"text": self.text, "event": self.event, "run_id": self.run_id, "key": self.key, **self.fields}
+
+
+def _strings(value: Any) -> List[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def _decision(record: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -64,9 +70,14 @@ def notifications_for(seq: int, run_id: str, record: Mapping[str, Any],
                                                      f"{reason}", {**base, "kind": "gave_up", "reason": reason})]
     if action == "needs_attention":
         reason = str(record.get("reason", ""))
-        return [Notification(key, "attention", run_id, f"hpc_agent: run {run_id} needs attention: {reason}; fix it, "
-                             f"then `hpc-agent watch --resume-run {run_id}`", {**base, "kind": "needs_attention",
-                                                                               "reason": reason})]
+        fields = {**base, "kind": "needs_attention", "reason": reason}
+        text = f"hpc_agent: run {run_id} needs attention: {reason}; fix it, then `hpc-agent watch --resume-run {run_id}`"
+        hypotheses = _strings(record.get("hypotheses"))
+        if hypotheses:  # parked by the policy (an unknown cause twice at the same step): what to look at
+            evidence = _strings(record.get("evidence"))
+            fields.update(hypotheses=hypotheses, evidence=evidence)
+            text += "".join(f"; log: {line}" for line in evidence[:NOTIFY_EVIDENCE_LINES])
+        return [Notification(key, "attention", run_id, text, fields)]
     if action == "hang_suspected":
         verdict = record.get("verdict") if isinstance(record.get("verdict"), Mapping) else {}
         reason = str(verdict.get("reason", "no progress"))

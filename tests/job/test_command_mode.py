@@ -34,7 +34,7 @@ def command_cfg(*overrides: str):
 
 # ---- the environment, argv and DeepSpeed config of one task (pure) -------------------------------------------
 def test_launch_environment_from_cfg_and_slurm_env(tmp_path):
-    cfg = command_cfg("train.micro_batch_size=4", "train.grad_accum_steps=2")
+    cfg = command_cfg("train.micro_batch_size=4", "train.grad_accum_steps=2", "train.loader_workers=3")
     denv = DistEnv(1, 2, 1, "node1", 23456, "submitit")
     environ = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2", "PYTHONPATH": "/theirs", "KEEP": "me"}
     launch = build_launch(cfg, tmp_path, tmp_path / "config.yaml", denv, on_cuda=False, precision="bf16",
@@ -47,6 +47,7 @@ def test_launch_environment_from_cfg_and_slurm_env(tmp_path):
     assert env["HPC_AGENT_DS_CONFIG"] == str(launch.ds_config_path)
     assert env["HPC_AGENT_RUN_DIR"] == str(tmp_path) and env["HPC_AGENT_CKPT_DIR"] == str(tmp_path / "checkpoints")
     assert env["HPC_AGENT_RESUME_TAG"] == "step_00000010" and env["HPC_AGENT_CONFIG"] == str(tmp_path / "config.yaml")
+    assert env["HPC_AGENT_LOADER_WORKERS"] == "3"  # train.loader_workers: the watcher halves it after shm_exhausted
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("node1", "23456")
     assert env["PYTHONPATH"].split(":") == [str(tmp_path / "code"), "/opt/hpc", "/theirs"]
@@ -62,6 +63,7 @@ def test_fresh_start_and_container_workdir(tmp_path):
     launch = build_launch(cfg, tmp_path, tmp_path / "config.yaml", DistEnv(0, 1, 0, "127.0.0.1", 4000, "x"),
                           on_cuda=False, precision="fp32", resume=Resume(), workdir="/home/me", environ={})
     assert launch.env["HPC_AGENT_RESUME_TAG"] == ""
+    assert launch.env["HPC_AGENT_LOADER_WORKERS"] == "2"  # the default
     assert launch.cwd is None  # the container runtime enters container.workdir itself
     assert launch.env["HPC_AGENT_WORKDIR"] == "/workspace"
     assert launch.ds_config_path.name == "ds_config.local.0.json"

@@ -28,6 +28,7 @@ def test_quickstart_loads_with_base_and_overrides():
     ("train.max_steps=0", "train.max_steps", "greater than 0"),
     ("train.micro_batch_size=-2", "train.micro_batch_size", "greater than 0"),
     ("train.grad_accum_steps=0", "train.grad_accum_steps", "greater than 0"),
+    ("train.loader_workers=-1", "train.loader_workers", "0 (load in the training process)"),
     ("train.lr=0", "train.lr", "greater than 0"),
     ("slurm.nodes=0", "slurm.nodes", "greater than 0"),
     ("slurm.cpus_per_task=0", "slurm.cpus_per_task", "greater than 0"),

@@ -98,6 +98,13 @@ SCENARIOS = {
         (K.STARTED, None, P.RUNNING),
         (K.COMPLETED, None, P.COMPLETED),
     ]),
+    "an unknown cause twice at the same step: the policy parks it, a person resumes it, it is requeued": (P.RUNNING, [
+        (K.ENDED, A.ATTENTION, P.NEEDS_ATTENTION),
+        (K.RESUMED, None, P.PENDING),
+        (K.ENDED, A.REQUEUE, P.RECOVERING),  # the resumed attempt's requeue (hpc_agent/watcher/follow.py _resumed)
+        (K.RECOVERED, None, P.PENDING),
+        (K.STARTED, None, P.RUNNING),
+    ]),
     "a parked trial is pruned": (P.RECOVERING, [
         (K.UNFOLLOWABLE, None, P.NEEDS_ATTENTION),
         (K.CANCELLED, None, P.STOPPED),
@@ -131,6 +138,7 @@ INVALID = [
     (P.RUNNING, K.FOUND, None),
     (P.NEEDS_ATTENTION, K.STARTED, None),  # a parked run is not followed until a person resumes it
     (P.NEEDS_ATTENTION, K.ENDED, A.REQUEUE),
+    (P.NEEDS_ATTENTION, K.ENDED, A.ATTENTION),  # a parked run is not decided on again until a person resumes it
     (P.NEEDS_ATTENTION, K.COMPLETED, None),
     (P.COMPLETED, K.STARTED, None),
     (P.STOPPED, K.RESUMED, None),

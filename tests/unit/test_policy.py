@@ -9,7 +9,7 @@ import pytest
 from hpc_agent.config.load import apply_patch, build_config, patch_as_overrides
 from hpc_agent.config.problems import ConfigError
 from hpc_agent.core.causes import ALL_CAUSES
-from hpc_agent.policy.decide import (DONE, REQUEUE, RESUBMIT, STOP, WAIT, PastAttempt, PolicyLimits, Situation, decide,
+from hpc_agent.policy.decide import (ACTIONS, DONE, REQUEUE, RESUBMIT, STOP, WAIT, PastAttempt, PolicyLimits, Situation, decide,
                                      format_mem, merge_exclude, parse_mem_mb)
 from hpc_agent.policy.memory import gpu_oom_rung
 
@@ -114,6 +114,28 @@ ROWS = [
         limits=PolicyLimits(max_mem_mb=64000), patch={"slurm.mem": "64000M"}),
     Row("host-oom-factor-2", "host_oom", RESUBMIT, {"slurm.mem": "4G"}, limits=PolicyLimits(mem_factor=2.0),
         patch={"slurm.mem": "8G"}),
+    # --- shared memory (/dev/shm) -------------------------------------------------------------------------
+    Row("shm-halves-the-loader-workers", "shm_exhausted", RESUBMIT, {"train.loader_workers": 8},
+        patch={"train.loader_workers": 4}, reason="train.loader_workers 8 -> 4"),
+    Row("shm-one-worker-goes-to-none", "shm_exhausted", RESUBMIT, {"train.loader_workers": 1},
+        patch={"train.loader_workers": 0}),
+    Row("shm-no-workers-more-mem", "shm_exhausted", RESUBMIT, {"train.loader_workers": 0, "slurm.mem": "4G"},
+        patch={"slurm.mem": "6G"}, reason="counts against the job's memory"),
+    Row("shm-no-workers-partition-default-mem", "shm_exhausted", RESUBMIT, {"train.loader_workers": 0, "slurm.mem": None},
+        limits=PolicyLimits(max_mem_mb=64000), patch={"slurm.mem": "64000M"}),
+    Row("shm-never-offloads-less", "shm_exhausted", STOP,
+        {"train.loader_workers": 0, "slurm.mem": "8G", "train.zero_stage": 3, "train.offload": "optimizer"},
+        limits=PolicyLimits(max_mem_mb=8192), reason="no more memory to ask for (--mem 8G"),
+    Row("shm-default-mem-unknown-cap-stops", "shm_exhausted", STOP, {"train.loader_workers": 0, "slurm.mem": None},
+        reason="the partition's default --mem"),
+    Row("shm-in-a-container-same-ladder", "shm_exhausted", RESUBMIT,
+        {"train.loader_workers": 0, "container.runtime": "pyxis", "container.image": "nvcr.io#nvidia/pytorch:24.05-py3"},
+        patch={"slurm.mem": "6G"}),
+    Row("shm-in-a-container-at-the-cap-stops-with-advice", "shm_exhausted", STOP,
+        {"train.loader_workers": 0, "slurm.mem": "8G", "container.runtime": "apptainer", "container.image": "/i.sif"},
+        limits=PolicyLimits(max_mem_mb=8192), reason="the apptainer container shares the node's /dev/shm"),
+    Row("shm-per-cause-budget", "shm_exhausted", STOP, history=[past("shm_exhausted")] * 3,
+        reason="budget for shm_exhausted used up (3 of 3)"),
     # --- divergence ---------------------------------------------------------------------------------------
     Row("diverged-rollback-and-lower-lr", "diverged", RESUBMIT, {"train.lr": 4e-4},
         situation=Situation(divergence_step=120, checkpoint_steps=(50, 100, 150)), patch={"train.lr": 2e-4},
@@ -126,6 +148,10 @@ ROWS = [
         extra={"rollback_to_step": None, "rollback_before_step": 57}, reason="before step 57"),
     # --- never requeued -----------------------------------------------------------------------------------
     Row("code-error-stop", "code_error", STOP, reason="fix it"),
+    Row("env-error-stop-names-the-fix", "env_error", STOP,
+        situation=Situation(evidence=("sacct: job 9 attempt 1: FAILED", "9_0_log.out:3: ModuleNotFoundError: No "
+                                      "module named 'einops'")), reason="fix: `pip install einops` in the job's"),
+    Row("env-error-stop-without-a-recognised-line", "env_error", STOP, reason="run the fix in the evidence"),
     Row("cancelled-stop", "cancelled", STOP, reason="cancelled by a person"),
     # --- budgets ------------------------------------------------------------------------------------------
     Row("per-cause-budget", "host_oom", STOP, history=[past("host_oom")] * 3, reason="budget for host_oom"),
@@ -166,6 +192,24 @@ def test_every_cause_has_a_decision(cause):
     decision = decide(cause, [], cfg())
     assert decision.action in (WAIT, DONE, REQUEUE, RESUBMIT, STOP) and decision.reason
     assert decision.to_dict()["cause"] == cause
+    ended = decide(cause, [], cfg(), Situation(ended=True))  # an unknown *cause* of an ended attempt too
+    assert ended.action in ACTIONS and ended.reason
+
+
+def test_shm_ladder_from_the_defaults_to_the_budget():
+    """Climb it as the watcher would: workers halved to none, then more --mem, until the per-cause budget (3)."""
+    config = cfg(**{"train.loader_workers": 2, "slurm.mem": "4G"})
+    history, rungs = [], []
+    while True:
+        decision = decide("shm_exhausted", history, config, Situation(made_progress=False))
+        if decision.action == STOP:
+            break
+        assert decision.action == RESUBMIT
+        rungs.append(decision.patch)
+        config = apply_patch(config, decision.patch)
+        history.append(past("shm_exhausted", patch=decision.patch, progress=False))
+    assert rungs == [{"train.loader_workers": 1}, {"train.loader_workers": 0}, {"slurm.mem": "6G"}]
+    assert "retry budget for shm_exhausted used up" in decision.reason
 
 
 def test_unknown_cause_string_is_an_error():
