@@ -226,6 +226,7 @@ def _report(latest: Diagnosis, decision: Decision, notes: Sequence[str], diagnos
         "nodes": list(latest.nodes),
         "bad_nodes": list(latest.bad_nodes),
         "evidence": list(notes) + list(latest.evidence),
+        "hypotheses": list(latest.hypotheses),
         "summary": SUMMARY[latest.cause.value],
         "suggestion": _suggestion(latest.cause, decision),
         "decision": decision.to_dict(),
@@ -299,6 +300,8 @@ def _suggestion(cause: Cause, decision: Decision) -> str:
         text += " Proposed: " + " ".join(patch_as_overrides(decision.patch)) + "."
     if decision.action == "stop" and cause not in (Cause.CODE_ERROR, Cause.ENV_ERROR, Cause.RUN_DIR_BUSY, Cause.CANCELLED):
         text += f" The watcher would stop: {decision.reason}."
+    if cause == Cause.ENV_ERROR and "fix: " in decision.reason:  # the fix the evidence names (policy/env_fix.py)
+        text += " For this job, " + decision.reason.split("fix: ", 1)[1].rstrip(".") + "."
     return text
 
 
