@@ -1,7 +1,11 @@
 """Diagnoser accuracy on real failures: the cause named for each case of ``tests/data/wild/`` (issue 43).
 
     python -m scripts.bench.diagnose [--root tests/data/wild] [--repeats 3] [--worst 15]
-                                     [--out results/bench_diagnose.json]
+                                     [--out results/bench_diagnose.json] [--baseline REV]
+
+``--baseline REV`` scores an older revision's diagnoser on the same corpus in the same run (from a temporary git
+worktree of it, in a subprocess), asked the strongest way it allows: a case without sacct text gets the sacct
+line every failed job has (FAILED 1:0, with Start and End), since an older diagnoser may not take a log alone.
 
 Each case folder (``tests/data/wild/README.md``) holds ``log.txt``, ``meta.json`` (``cause``, the expected
 answer; ``acceptable``, every acceptable answer; ``framework``; ``sacct``; optional ``sacct_format``) and
@@ -349,6 +353,72 @@ def run(root: Path, repeats: int = 3, worst: int = 15,
     }
 
 
+BASELINE_SACCT = ("JobID|JobName|State|ExitCode|NodeList|Start|End\n"
+                  "1|job|FAILED|1:0|node1|2026-01-01T00:00:00|2026-01-01T01:00:00\n"
+                  "1.batch|batch|FAILED|1:0|node1|2026-01-01T00:00:00|2026-01-01T01:00:00\n")
+"""What a user of an older diagnoser without ``diagnose --log`` alone gives it for a case without sacct text: the
+line every failed job has in sacct (FAILED 1:0, with Start and End, so that its log is read)."""
+
+_BASELINE_ASK = r"""
+import json, sys
+from hpc_agent.config.schema import Config
+from hpc_agent.core.rundir import LogText
+from hpc_agent.diagnose import diagnose
+cases, fallback = json.load(sys.stdin)
+out = {}
+for case in cases:
+    logs = [LogText("log.txt", case["log"])]
+    try:
+        report = diagnose(case.get("job_id"), case["sacct"] or fallback, logs, [], Config())
+        end = report.get("last_end")
+        out[case["name"]] = (end or report)["cause"]
+    except Exception as exc:
+        out[case["name"]] = "EXCEPTION"
+print(json.dumps(out))
+"""
+
+
+def baseline_answers(rev: str, cases: Sequence[Case]) -> Dict[str, str]:
+    """Each case's answer from the diagnoser of revision ``rev``, run from a temporary worktree of it in a
+    subprocess, asked the strongest way that revision allows: with the case's sacct text, else with
+    :data:`BASELINE_SACCT`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-diagnose-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], check=True,
+                       capture_output=True, text=True, timeout=120)
+        try:
+            payload = json.dumps([[{"name": c.name, "log": c.log, "sacct": c.sacct, "job_id": c.meta.get("job_id")}
+                                   for c in cases], BASELINE_SACCT])
+            proc = subprocess.run([sys.executable, "-c", _BASELINE_ASK], input=payload, capture_output=True, text=True,
+                                  cwd=str(tree), env={**__import__("os").environ, "PYTHONPATH": str(tree)}, timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the baseline at {rev} failed: {proc.stderr[-2000:]}")
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True,
+                           timeout=120)
+
+
+def with_baseline(out: Dict[str, Any], rev: str, root: Path, worst: int = 15) -> Dict[str, Any]:
+    """``out`` plus ``baseline``: the same corpus scored with revision ``rev``'s diagnoser, in the same run."""
+    good = [c for c in load_cases(root) if c.problem is None]
+    answers = baseline_answers(rev, good)
+    records = [record(c, answers.get(c.name, EXCEPTION)) for c in good]
+    scores = score(records, worst)
+    changed = [{"name": r["name"], "acceptable": r["acceptable"], "baseline": r["answer"], "now": now["answer"]}
+               for r, now in zip(records, out["cases"]) if r["answer"] != now["answer"]]
+    out["baseline"] = {"rev": rev, "commit": _git("rev-parse", rev),
+                       "asked": "the case's sacct text with its log; without sacct text, the log with the sacct line "
+                                "every failed job has (FAILED 1:0, Start and End given): the older diagnoser cannot "
+                                "take a log alone",
+                       **{k: scores[k] for k in ("accepted", "per_cause", "cost_weighted_error",
+                                                 "repairable_stopped_as_code_error", "exceptions", "worst_cases")},
+                       "answers_changed": changed}
+    return out
+
+
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
@@ -380,6 +450,15 @@ def table(out: Dict[str, Any]) -> str:
         lines.append(f"{title}: " + ", ".join(f"{k} {v['accepted']}/{v['n']}" for k, v in out[key].items()))
     lines.append("worst: " + ("; ".join(f"{w['name']} ({w['expected']} -> {w['answer']}, {w['cost']})"
                                         for w in out["worst_cases"][:8]) or "none"))
+    if out.get("baseline"):
+        b = out["baseline"]
+        lines.append(f"baseline {b['rev']} ({b['commit'][:10]}), same corpus, same run: accepted "
+                     f"{b['accepted']['accepted']}/{b['accepted']['n']} = {_f(b['accepted']['rate'])}, cost-weighted "
+                     f"error {b['cost_weighted_error']['total']} ({_f(b['cost_weighted_error']['mean'])} per case), "
+                     f"repairable stopped as code_error: {len(b['repairable_stopped_as_code_error'])}")
+        lines.append("recall now / baseline: " + ", ".join(
+            f"{c} {_f(row['recall'])}/{_f(b['per_cause'].get(c, {}).get('recall'))}"
+            for c, row in out["per_cause"].items() if row["n"]))
     stopped = out["repairable_stopped_as_code_error"]
     lines.append(f"repairable_stopped_as_code_error ({len(stopped)}): {', '.join(stopped) or 'none'}")
     if out["exceptions"]:
@@ -396,8 +475,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="passes over the corpus for the timing (default 3)")
     parser.add_argument("--worst", type=int, default=15, help="worst cases listed (default 15)")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_diagnose.json"))
+    parser.add_argument("--baseline", metavar="REV", help="also score the diagnoser of git revision REV on the same "
+                                                          "corpus in the same run (e.g. ed5d1ae, before issue 43)")
     args = parser.parse_args(argv)
     out = run(Path(args.root), args.repeats, args.worst)
+    if args.baseline:
+        out = with_baseline(out, args.baseline, Path(args.root), args.worst)
     try:
         out["corpus"]["root"] = str(Path(args.root).resolve().relative_to(REPO))
     except ValueError:

@@ -163,3 +163,19 @@ def test_main_writes_the_documented_json(corpus, tmp_path, capsys):
     assert out["accepted"]["n"] == 2 and set(out["per_sacct_format"]) == {"none", "-P"}
     printed = capsys.readouterr().out
     assert "accepted" in printed and "cost-weighted error" in printed and "min/median/max" in printed
+
+
+def test_a_baseline_revision_is_scored_on_the_same_corpus_in_the_same_run(corpus):
+    """``--baseline REV`` runs REV's diagnoser from a temporary worktree; HEAD as its own baseline answers alike
+    (the checkout's committed diagnoser), and the worktree is gone afterwards."""
+    import subprocess
+
+    good = [c for c in bench.load_cases(corpus) if c.problem is None]
+    before = subprocess.run(["git", "-C", str(bench.REPO), "worktree", "list"], capture_output=True, text=True).stdout
+    answers = bench.baseline_answers("HEAD", good)
+    assert set(answers) == {c.name for c in good}
+    assert all(a != bench.EXCEPTION for a in answers.values()), answers
+    assert subprocess.run(["git", "-C", str(bench.REPO), "worktree", "list"], capture_output=True,
+                          text=True).stdout == before
+    out = bench.with_baseline(bench.run(corpus, repeats=1), "HEAD", corpus)
+    assert out["baseline"]["accepted"]["n"] == out["accepted"]["n"] and "asked" in out["baseline"]
