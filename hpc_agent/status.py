@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from hpc_agent.cli import exit_status
 from hpc_agent.cli.flags import add_common_arguments, parse
@@ -53,15 +53,18 @@ def slurm_states(job_ids: Sequence[str], cli=None) -> Dict[str, str]:
     return {j: state for j in ids if (state := job_state(rows, j))}
 
 
-def _last_job_ids(runs_root: Path) -> Dict[str, str]:
+def _last_job_ids(runs_root: Path) -> Tuple[Dict[str, str], Set[str]]:
+    """({run id: its newest job id}, the runs whose newest job ran on the local executor: a process id there,
+    which must never be sent to sacct as a Slurm job id)."""
     from hpc_agent.state.ledger import LEDGER_FILE, Ledger
 
     if not (runs_root / LEDGER_FILE).exists():
-        return {}
+        return {}, set()
     ledger = Ledger.in_runs_root(runs_root)
     try:
-        return {run.run_id: sub.job_id for run in ledger.runs()
-                if (sub := ledger.latest_submission(run.run_id)) is not None and sub.job_id}
+        latest = {run.run_id: sub for run in ledger.runs()
+                  if (sub := ledger.latest_submission(run.run_id)) is not None and sub.job_id}
+        return {r: sub.job_id for r, sub in latest.items()}, {r for r, sub in latest.items() if sub.executor == "local"}
     finally:
         ledger.close()
 
@@ -100,10 +103,10 @@ def collect(path: Path, now: Optional[float] = None, cli=None,
     reviews, bad = review_runs(run_dirs, runs_root, now)
     if problems is not None:
         problems.extend(bad)
-    job_ids = _last_job_ids(runs_root)
+    job_ids, local = _last_job_ids(runs_root)
     for r in reviews:  # no ledger row (a run dir given alone): the newest job the decisions name
         job_ids.setdefault(r["run_id"], next((d["job_id"] for d in reversed(r["decisions"]) if d.get("job_id")), None))
-    states = slurm_states([j for j in job_ids.values() if j], cli)
+    states = slurm_states([j for run_id, j in job_ids.items() if j and run_id not in local], cli)
     return [line_of(r, job_ids.get(r["run_id"]), states.get(job_ids.get(r["run_id"]) or ""), now) for r in reviews]
 
 

@@ -279,6 +279,32 @@ def test_status_lines_for_a_reviewed_run(tmp_path):
     assert RUN_ID in text and "100/100" in text and "ago" in text
 
 
+def test_status_never_sends_a_local_runs_process_id_to_sacct(tmp_path):
+    """A run on the local executor records its process id as its job id: status shows it, and asks sacct
+    about the Slurm runs only (a pid is no Slurm job id, and may be another user's job)."""
+    from hpc_agent.state.ledger import Ledger
+    from tests.unit.test_review import RUN_ID, make_run
+
+    make_run(tmp_path / "runs")
+    local_dir = tmp_path / "runs" / "gpt-local"
+    local_dir.mkdir()
+    ledger = Ledger.in_runs_root(tmp_path / "runs")
+    ledger.add_run("gpt-local", "gpt", str(local_dir))
+    ledger.record_submitted(ledger.record_intent("gpt-local", "local", str(local_dir / "config.yaml"), "submit"), "4242")
+    ledger.close()
+    asked = []
+
+    class FakeCLI:
+        def sacct(self, ids, fields=(), **kwargs):
+            asked.append(list(ids))
+            return "JobID|State\n1002|COMPLETED\n"
+
+    lines = {line["run_id"]: line for line in status.collect(tmp_path / "runs", cli=FakeCLI())}
+    assert asked == [["1002"]]
+    assert lines[RUN_ID]["slurm_state"] == "COMPLETED"
+    assert "gpt-local" not in lines or (lines["gpt-local"]["job_id"], lines["gpt-local"]["slurm_state"]) == ("4242", None)
+
+
 def test_status_cli_without_a_runs_root(tmp_path, capsys):
     assert status.main(["--runs-root", str(tmp_path / "none")]) == 2
     assert status.main(["--remote", "-bad"]) == 2
