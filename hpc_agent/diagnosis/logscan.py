@@ -130,6 +130,7 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                          r"memory allocation of \d+ bytes failed|std::bad_alloc|Cannot allocate memory|"
                          r"^(?:\S+: )?MemoryError\b|"
                          r"exitcode\s*:\s*-9\b|[Ss]ignal 9 \(SIGKILL\)|return code = -9\b|killed by signal 9\b|"
+                         r"[Ee]xit(?:ed with)? (?:exit )?(?:code|status)[:= ]*137\b|exit status 137\b|"
                          r"^Killed\s*$|line \d+:\s+\d+ Killed\b|"
                          r"Memory on the node \(IP: [^)]*\) where the (?:task|worker|actor)|node running low on memory")),
     # Before NCCL: NCCL reports a CUDA OOM inside a collective as "Cuda failure 2 'out of memory'".
@@ -176,6 +177,8 @@ _HINTS: Sequence[Tuple[Cause, str, Pattern[str]]] = (
      _rx(r"No space left on device|Disk quota exceeded|\[Errno 28\]|\[Errno 122\]")),
     (Cause.NODE_FAIL, "an I/O error or a vanished file: the node's storage or network mount failed",
      _rx(r"Input/output error|\[Errno 5\]|Stale file handle|Transport endpoint is not connected")),
+    (Cause.HOST_OOM, "srun reports a task SIGKILLed: the OOM killer, or srun ending a step whose other task failed",
+     _rx(r"srun: error: \S+: tasks? [\d,-]+: Killed")),
     (Cause.DIVERGED, "gradient overflow: fp16 loss scaling backed off (normal early on; a run of them means trouble)",
      _rx(r"OVERFLOW!|overflow detected|Found NaN|Gradient overflow|[Oo]verflow.*[Ss]kipping")),
 )

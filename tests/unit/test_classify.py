@@ -73,6 +73,8 @@ def log(name: str) -> LogText:
      "/usr/bin/python3", "host_oom", FAULT),
     ("/var/spool/slurmd/job603995/slurm_script: line 9:  4727 Killed                  python train.py", "host_oom", FAULT),
     ("Killed", "host_oom", FAULT),
+    ("srun: error: gpu-a07: task 3: Exited with exit code 137", "host_oom", FAULT),
+    ("srun: error: gpu-a07: task 3: Killed", "host_oom", HINT),
     ("[rank3]: found NaN in local grad norm in backward pass before data-parallel communication collective",
      "diverged", FAULT),
     ("{'loss': 7.1384, 'grad_norm': nan, 'learning_rate': 2.77e-05, 'epoch': 1.95}", "diverged", FAULT),
