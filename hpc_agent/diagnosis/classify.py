@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hpc_agent.core.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.core.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
 from hpc_agent.core.rundir import LogText
-from hpc_agent.diagnosis.logscan import (FAULT, HINT, KILL, NORMAL_EXIT, Finding, hint_reason, parse_timestamp, scan_logs, since_last_repair,
+from hpc_agent.diagnosis.logscan import (FAILED_EXIT, FAULT, HINT, KILL, NORMAL_EXIT, Finding, hint_reason, parse_timestamp, scan_logs, since_last_repair,
                                          split_attempts, split_by_time)
 from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.slurm.sacct import Attempt, job_key_of
@@ -405,7 +405,10 @@ def classify_logs(logs: Sequence[LogText], alarms: Sequence[Alarm] = (), job_id:
         root = plain_cancel[0]  # Slurm's "CANCELLED AT" with no reason: a person's scancel
     if root is None:
         done = [(i, n, line) for i, log in enumerate(logs) for n, line in log.numbered_lines() if NORMAL_EXIT.search(line)]
-        if done:  # nothing went wrong, and the process said it finished: completed (a warning at exit is not a failure)
+        failed = [line for log in logs for _, line in log.numbered_lines() if FAILED_EXIT.search(line)]
+        if failed:
+            hints = hints + [Finding(Cause.CODE_ERROR, HINT, logs[0].name, 0, None, failed[-1].strip()[:300])]
+        if done and not failed:  # nothing went wrong, and the process said it finished: completed (a warning at exit is not a failure)
             i, n, line = done[-1]
             return Diagnosis(job_id, Cause.COMPLETED, _evidence(LOGS_ONLY_HEAD, None, findings,
                                                                 [f"{logs[i].name}:{n}: {line.strip()[:200]}"]))

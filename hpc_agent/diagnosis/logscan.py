@@ -66,6 +66,8 @@ _KILLS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # The node's prolog failed (Slurm drains it and revokes or requeues the allocation): the node, not the job.
     (Cause.NODE_FAIL, _rx(r"(?:srun|salloc|sbatch): (?:error: )?Prolog failure on node (?P<node>[\w.-]+)|"
                           r"launch failed requeued held")),
+    # torchrun's agent stopped from outside (a scancel's or a preemption's SIGTERM; a time limit has its own line).
+    (Cause.CANCELLED, _rx(r"Received (?:15|SIGTERM) death signal, shutting down workers")),
     # submitit's handler of our --signal=USR2@lead (and of preemption signals).
     (Cause.TIMEOUT, _rx(r"Caught signal SIG\w+ on (?P<node>[\w.-]+): this job is timed-out")),
     (Cause.PREEMPTED, _rx(r"Caught signal SIG\w+ on (?P<node>[\w.-]+): this job is preempted")),
@@ -99,7 +101,7 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                           r"error: command '\S*(?:gcc|g\+\+|c\+\+|nvcc)\S*' "
                           r"failed|nvcc fatal|CUDA_HOME does not exist|MissingCUDAException|"
                           r"execve\(\): [^:]+: No such file or directory|\b[\w./-]+: command not found|\bsh: \d+: \S+: not found|"
-                          r"\bcd: \S+: No such file or directory|"
+                          r"\bcd: \S+: No such file or directory|usable \"?[\w.-]+\"? command in its path|"
                           r"No such file or directory: '(?:[\w./-]*/)?(?:torchrun|deepspeed|accelerate|srun|python\d?(?:\.\d+)?|"
                           r"nvidia-smi|mpirun|ninja)'|"
                           r"cannot open shared object file|version `GLIBC\w*_[\d.]+' not found|undefined symbol: |"
@@ -114,6 +116,7 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                              r"NVML_ERROR_GPU_IS_LOST|Unable to determine the device handle for GPU|"
                              r"GPU health\b.*\bCRITICAL|CUDA error: unknown error|uncorrectable NVLink error|"
                              r"RmInitAdapter failed|GPU requires reset|HW Exception by GPU|reason ?:GPU Hang|"
+                             r"amdgpu_job_timedout|amdgpu: GPU reset begin|MES might be in unrecoverable state|"
                              r"CUDA-capable device\(s\) (?:is|are)(?:/are)? busy or unavailable", re.I)),
     # /dev/shm full: data-loader workers pass batches through it, NCCL puts its intra-node buffers there.
     # Before host memory: a worker's "Bus error" is its symptom, and the fix differs (fewer workers, --shm-size).
@@ -136,7 +139,9 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # Before NCCL: NCCL reports a CUDA OOM inside a collective as "Cuda failure 2 'out of memory'".
     (Cause.GPU_OOM, _rx(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
                         r"Cuda failure \d* ?'?out of memory|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory|"
-                        r"THCudaCheck FAIL.*out of memory|ran out of memory on GPU|cudaErrorMemoryAllocation")),
+                        r"THCudaCheck FAIL.*out of memory|ran out of memory on GPU|cudaErrorMemoryAllocation|"
+                        r"RESOURCE_EXHAUSTED: (?:Out of memory|Attempting to (?:reserve|allocate)|OOM)|"
+                        r"CUDNN_STATUS_NOT_INITIALIZED|CUDNN_STATUS_ALLOC_FAILED")),
     (Cause.DIVERGED, _rx(r"loss scale already at minimum|cannot decrease scale anymore|[Mm]inimum loss scale reached|"
                          r"\bloss(?: is|\s*[=:])?\s*[-+]?(?:nan|inf)\b|non-finite loss|FloatingPointError|"
                          r"DivergenceError|NaN in (?:local )?grad(?:ient)? norm|"
@@ -157,7 +162,9 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                            r"Connection closed by peer|Connection reset by peer|"
                            r"ProcessGroup\w*.*timed out|Timed out waiting for .*(?:rank|peer)|"
                            r"IBV_WC_\w+|ibv_poll_cq|Gloo.*(?:timed out|Connection closed)|"
-                           r"RendezvousTimeoutError|Socket Timeout|no algorithm/protocol available")),
+                           r"RendezvousTimeoutError|Socket Timeout|no algorithm/protocol available|"
+                           r"NCCL WARN .*Cuda failure|Gloo connectFullMesh failed|ibv_\w+ failed|"
+                           r"NET/IB\s*: .*(?:failed|error)")),
 )
 
 # Lines that suggest a cause but do not show it: never the root, offered as hypotheses when nothing else is
@@ -182,6 +189,10 @@ _HINTS: Sequence[Tuple[Cause, str, Pattern[str]]] = (
     (Cause.DIVERGED, "gradient overflow: fp16 loss scaling backed off (normal early on; a run of them means trouble)",
      _rx(r"OVERFLOW!|overflow detected|Found NaN|Gradient overflow|[Oo]verflow.*[Ss]kipping")),
 )
+FAILED_EXIT = _rx(r"exits with return code = -?[1-9]|[Ee]xit(?:ed with)? (?:exit )?code -?[1-9]|exitcode\s*:\s*-?[1-9]|"
+                  r"returned non-zero exit status|terminated with an error exit status")
+"""A process reporting that a child (or itself) ended with a non-zero status: after it, no normal-exit line means
+the job completed."""
 NORMAL_EXIT = _rx(r"\b[Tt]raining (?:is )?(?:finished|complete[d]?|done)\b|\b[Ff]inished training\b|\btrain_runtime\b|"
                   r"\[hpc_agent\] .*\bexiting 0\b|\.\.\. passed\s*$|\ball tests passed\b|"
                   r"destroy_process_group\(\) was not called before program exit|"
@@ -202,6 +213,7 @@ _EXCEPTION = _rx(r"^(?P<exc>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _BARE_EXCEPTION = _rx(r"^(?:[a-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception)(?::\s.*)?$")
 """An exception line without its traceback (an excerpt that lost it): a dotted lower-case module path at most,
 then a class named ...Error or ...Exception."""
+_SRUN_ENDS_STEP = _rx(r"srun: error: \S+: tasks? [\d,-]+: Exited with exit code [1-9]|_step_signal: Terminating StepId")
 _EMPTY_MESSAGE = _rx(r"^(?:\S+\s)?[\w.]+(?:Error|Exception):\s*$")
 _CPP_WHAT = _rx(r"^\s*what\(\):\s+(?P<msg>.+)")
 _ECHO_EXCEPTIONS = _rx(r"KeyboardInterrupt|SystemExit|UncompletedJobError|SignalException|ChildFailedError|"
@@ -360,6 +372,8 @@ def hint_reason(finding: "Finding") -> str:
     """What a HINT finding suggests, in words (for the hypotheses of an ``unknown``)."""
     if finding.source == "sacct":
         return finding.line
+    if FAILED_EXIT.search(finding.line):
+        return "a process exited non-zero: a bug whose traceback is not in the log, or a fault that left no other trace"
     if finding.cause == Cause.CODE_ERROR and finding.kind == HINT and _EXCEPTION.match(finding.line.strip()):
         return "an exception of the distributed runtime, the network or the storage: it says nothing about the code"
     for cause, why, pattern in _HINTS:
@@ -456,6 +470,12 @@ def scan_log(log: LogText, source_index: int = 0, known_nodes: Sequence[str] = (
         findings.append(Finding(cause, kind, log.name, source_index, line_no, line.strip()[:300],
                                 parse_timestamp(line, year), rank, node,
                                 int(step.group(1)) if step and cause == Cause.DIVERGED else None))
+    # srun ends a step whose task failed ("task 5: Exited with exit code 1", "Terminating StepId"), and slurmstepd
+    # then logs the step CANCELLED with no reason: srun's doing, not a person's scancel.
+    failed_task = next((n for n, line in log.numbered_lines() if _SRUN_ENDS_STEP.search(line)), None)
+    if failed_task is not None:
+        findings = [f for f in findings if not (f.cause == Cause.CANCELLED and f.kind == KILL
+                                                and (f.line_no or 0) > failed_task and "STEP" in f.line)]
     # "AssertionError:" with its message on the next line (older torch, wrapped pastes): the message decides.
     carried = {f.line_no for f in findings if f.cause != Cause.CODE_ERROR and f.kind == FAULT}
     findings = [f for f in findings if not (f.cause == Cause.CODE_ERROR and _EMPTY_MESSAGE.match(f.line)

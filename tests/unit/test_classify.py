@@ -11,7 +11,7 @@ from hpc_agent.core.causes import ADVICE, ALL_CAUSES, SUMMARY, Cause
 from hpc_agent.core.exit_codes import EXIT_CODES, as_table, cause_for_exit
 from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.alarms import fatal_alarms, latest_run
-from hpc_agent.diagnosis.classify import choose_root, classify_attempt, classify_job, logs_per_attempt
+from hpc_agent.diagnosis.classify import choose_root, classify_attempt, classify_job, classify_logs, logs_per_attempt
 from hpc_agent.diagnosis.logscan import (FAULT, HINT, KILL, Finding, host_by_rank, parse_timestamp, scan_log,
                                          since_last_repair, split_attempts, split_by_time)
 from hpc_agent.metrics.alarm_kinds import LOSS_SCALE_AT_MINIMUM, NONFINITE_LOSS, Alarm
@@ -75,6 +75,18 @@ def log(name: str) -> LogText:
     ("Killed", "host_oom", FAULT),
     ("srun: error: gpu-a07: task 3: Exited with exit code 137", "host_oom", FAULT),
     ("srun: error: gpu-a07: task 3: Killed", "host_oom", HINT),
+    ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes.",
+     "gpu_oom", FAULT),
+    ("RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INITIALIZED", "gpu_oom", FAULT),
+    ("[E314 16:42:10.528865173 ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed with [pair.cc:144] no error",
+     "nccl_error", FAULT),
+    ("hai-a100-3:3778851:3779883 [4] ibvwrap.c:130 NCCL WARN Call to ibv_create_qp failed", "nccl_error", FAULT),
+    ("host:19402:19419 [0] transport/p2p.cc:237 NCCL WARN Cuda failure 'invalid argument'", "nccl_error", FAULT),
+    ("kernel: [ 2237.944235] [drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring sdma0 timeout, signaled seq=16060",
+     "gpu_hw_error", FAULT),
+    ('usable "srun" command in its path. Please check your path', "env_error", FAULT),
+    ("W0409 07:28:49.530000 1359 torch/distributed/elastic/agent/server/api.py:719] Received 15 death signal, "
+     "shutting down workers", "cancelled", KILL),
     ("[rank3]: found NaN in local grad norm in backward pass before data-parallel communication collective",
      "diverged", FAULT),
     ("{'loss': 7.1384, 'grad_norm': nan, 'learning_rate': 2.77e-05, 'epoch': 1.95}", "diverged", FAULT),
@@ -400,3 +412,31 @@ def test_an_attempt_that_repaired_an_oom_in_the_job_and_was_then_requeued_is_pre
     without_repair_line = REPAIRED_THEN_PREEMPTED.replace("[hpc_agent] in-job repair", "[hpc_agent] something")
     before = classify_attempt(attempt, [LogText("376_0_log.out", without_repair_line)])
     assert before.cause.value == "gpu_oom"  # the same log read whole: the OOM would win
+
+
+# --- the cause from log text alone (diagnose --log FILE), issue 43 -------------------------------------------
+_STEP_CANCEL = "slurmstepd: error: *** STEP 43.0 ON n1 CANCELLED AT 2021-07-14T08:00:36 ***"
+_DONE = ("Training finished, exiting ...\n[rank0]:[W730 15:32:17.8 ProcessGroupNCCL.cpp:1479] Warning: WARNING: "
+         "destroy_process_group() was not called before program exit, which can leak resources.")
+
+
+@pytest.mark.parametrize("text, cause", [
+    (_STEP_CANCEL, "cancelled"),  # Slurm's cancel with no reason: a person's scancel
+    # srun ended the step because a task failed: the cancel line that follows is srun's, and nothing shows why
+    # the task failed
+    (f"srun: error: n1: task 5: Exited with exit code 1\nsrun: launch/slurm: _step_signal: Terminating StepId=43.0\n"
+     f"{_STEP_CANCEL}\nsrun: error: n1: tasks 0-4: Killed", "unknown"),
+    (_DONE, "completed"),  # finished, with PyTorch's warning at a normal exit
+    (_DONE + "\n[ERROR] [launch.py:325:sigkill_handler] ['python', 'train.py'] exits with return code = 1", "unknown"),
+    ("[rank 0] step 10 loss 2.3311", "unknown"),
+    ("Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\nKeyError: 'label'", "code_error"),
+    # an infrastructure exception is not a code error
+    ("Traceback (most recent call last):\n  File \"t.py\", line 3\nConnectionResetError: [Errno 104] Connection reset "
+     "by peer", "nccl_error"),
+    ("Traceback (most recent call last):\n  File \"t.py\", line 3\nOSError: [Errno 28] No space left on device", "unknown"),
+])
+def test_the_cause_from_log_text_alone(text, cause):
+    found = classify_logs([LogText("x.log", text)])
+    assert (found.cause.value, found.state, found.ended) == (cause, "", False), found.evidence
+    if cause == "unknown":
+        assert found.hypotheses, found.evidence
