@@ -26,8 +26,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hpc_agent.core.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.core.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
 from hpc_agent.core.rundir import LogText
-from hpc_agent.diagnosis.logscan import (FAILED_EXIT, FAULT, HINT, KILL, NORMAL_EXIT, Finding, hint_reason, parse_timestamp, scan_logs, since_last_repair,
-                                         split_attempts, split_by_time)
+from hpc_agent.diagnosis.logscan import (FAILED_EXIT, FAULT, HINT, KILL, NORMAL_EXIT, Finding, hint_reason,
+                                         parse_timestamp, scan_logs, since_last_repair, split_attempts,
+                                         split_by_time)
 from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.slurm.sacct import Attempt, job_key_of
 
@@ -240,7 +241,9 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
         # TASK FAILURE", a step row that did not complete): the step's end is what to explain, judged by its state.
         state = "FAILED" if task_failure or any(r.state != "CANCELLED" for r in step_ended) else "CANCELLED"
         base["state"] = state
-        head += f" (the job exited 0, but step {step_ended[0].job_id if step_ended else '?'} ended {state}: judged as {state})"
+        which = f"step {step_ended[0].job_id} ended {step_ended[0].state}" if step_ended else \
+            "Slurm cancelled a step DUE TO TASK FAILURE"
+        head += f" (the job exited 0, but {which}: judged as {state})"
     # (COMPLETED with "[hpc_agent] ... exiting 65" in the log: a wrapper lost the exit status; go on.)
     if not state:
         return result(Cause.UNKNOWN, extra=["sacct row without a state"])
@@ -404,11 +407,10 @@ def classify_logs(logs: Sequence[LogText], alarms: Sequence[Alarm] = (), job_id:
     if plain_cancel and not kills and (root is None or root.cause in SECONDARY_FAULTS):
         root = plain_cancel[0]  # Slurm's "CANCELLED AT" with no reason: a person's scancel
     if root is None:
-        done = [(i, n, line) for i, log in enumerate(logs) for n, line in log.numbered_lines() if NORMAL_EXIT.search(line)]
-        failed = [line for log in logs for _, line in log.numbered_lines() if FAILED_EXIT.search(line)]
-        if failed:
-            hints = hints + [Finding(Cause.CODE_ERROR, HINT, logs[0].name, 0, None, failed[-1].strip()[:300])]
-        if done and not failed:  # nothing went wrong, and the process said it finished: completed (a warning at exit is not a failure)
+        done = [(i, n, line) for i, log in enumerate(logs) for n, line in log.numbered_lines()
+                if NORMAL_EXIT.search(line)]
+        failed = any(FAILED_EXIT.search(f.line) for f in hints)  # a non-zero exit: not completed
+        if done and not failed:  # nothing went wrong and the process said it finished (a warning at exit is no failure)
             i, n, line = done[-1]
             return Diagnosis(job_id, Cause.COMPLETED, _evidence(LOGS_ONLY_HEAD, None, findings,
                                                                 [f"{logs[i].name}:{n}: {line.strip()[:200]}"]))

@@ -167,6 +167,11 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                            r"NET/IB\s*: .*(?:failed|error)")),
 )
 
+FAILED_EXIT = _rx(r"exits with return code = -?[1-9]|[Ee]xit(?:ed with)? (?:exit )?code -?[1-9]|exitcode\s*:\s*-?[1-9]|"
+                  r"returned non-zero exit status|terminated with an error exit status")
+"""A process reporting that a child (or itself) ended with a non-zero status: after it, no normal-exit line means
+the job completed."""
+
 # Lines that suggest a cause but do not show it: never the root, offered as hypotheses when nothing else is
 # found (the answer is then ``unknown``, never a guess that stops the run).
 HINT = "hint"
@@ -184,15 +189,13 @@ _HINTS: Sequence[Tuple[Cause, str, Pattern[str]]] = (
      _rx(r"No space left on device|Disk quota exceeded|\[Errno 28\]|\[Errno 122\]")),
     (Cause.NODE_FAIL, "an I/O error or a vanished file: the node's storage or network mount failed",
      _rx(r"Input/output error|\[Errno 5\]|Stale file handle|Transport endpoint is not connected")),
+    (Cause.CODE_ERROR, "a process exited non-zero: a bug whose traceback is not in the log, or a fault that left no "
+                       "other trace", FAILED_EXIT),
     (Cause.HOST_OOM, "srun reports a task SIGKILLed: the OOM killer, or srun ending a step whose other task failed",
      _rx(r"srun: error: \S+: tasks? [\d,-]+: Killed")),
     (Cause.DIVERGED, "gradient overflow: fp16 loss scaling backed off (normal early on; a run of them means trouble)",
      _rx(r"OVERFLOW!|overflow detected|Found NaN|Gradient overflow|[Oo]verflow.*[Ss]kipping")),
 )
-FAILED_EXIT = _rx(r"exits with return code = -?[1-9]|[Ee]xit(?:ed with)? (?:exit )?code -?[1-9]|exitcode\s*:\s*-?[1-9]|"
-                  r"returned non-zero exit status|terminated with an error exit status")
-"""A process reporting that a child (or itself) ended with a non-zero status: after it, no normal-exit line means
-the job completed."""
 NORMAL_EXIT = _rx(r"\b[Tt]raining (?:is )?(?:finished|complete[d]?|done)\b|\b[Ff]inished training\b|\btrain_runtime\b|"
                   r"\[hpc_agent\] .*\bexiting 0\b|\.\.\. passed\s*$|\ball tests passed\b|"
                   r"destroy_process_group\(\) was not called before program exit|"
@@ -372,13 +375,11 @@ def hint_reason(finding: "Finding") -> str:
     """What a HINT finding suggests, in words (for the hypotheses of an ``unknown``)."""
     if finding.source == "sacct":
         return finding.line
-    if FAILED_EXIT.search(finding.line):
-        return "a process exited non-zero: a bug whose traceback is not in the log, or a fault that left no other trace"
-    if finding.cause == Cause.CODE_ERROR and finding.kind == HINT and _EXCEPTION.match(finding.line.strip()):
-        return "an exception of the distributed runtime, the network or the storage: it says nothing about the code"
     for cause, why, pattern in _HINTS:
         if cause == finding.cause and pattern.search(finding.line):
             return why
+    if finding.cause == Cause.CODE_ERROR and finding.kind == HINT:
+        return "an exception of the distributed runtime, the network or the storage: it says nothing about the code"
     return "suggestive, not shown"
 
 

@@ -75,6 +75,7 @@ def log(name: str) -> LogText:
     ("Killed", "host_oom", FAULT),
     ("srun: error: gpu-a07: task 3: Exited with exit code 137", "host_oom", FAULT),
     ("srun: error: gpu-a07: task 3: Killed", "host_oom", HINT),
+    ("srun: error: node1: task 0: Exited with exit code 1", "code_error", HINT),
     ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes.",
      "gpu_oom", FAULT),
     ("RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INITIALIZED", "gpu_oom", FAULT),
@@ -118,7 +119,6 @@ def test_single_lines(line, cause, kind):
     "shared object file: No such file or directory",  # NCCL INFO lines never carry a fault
     "node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] via P2P/IPC",
     "NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception",  # Xid 13: usually the program, not the GPU
-    "srun: error: node1: task 0: Exited with exit code 1",
     "train/loss_scale 1.0 at step 5",
     "submitit WARNING (2026-11-30 10:48:40,502) - Bypassing signal SIGTERM",
 ])
