@@ -152,8 +152,8 @@ def check_code(cfg: Any, cwd: str) -> Tuple[str, str, str]:
     from hpc_agent.config.problems import ConfigError
 
     if not code_snapshot.wanted(cfg):
-        why = "train.snapshot_code=false: the job imports your code live" if cfg.train.snapshot_code else \
-            "built-in workload: nothing of yours to snapshot"
+        why = "built-in workload: nothing of yours to snapshot" if cfg.train.snapshot_code else \
+            "train.snapshot_code=false: the job imports your code live"
         return "OK", "code", why
     try:
         plan = code_snapshot.plan_for(cfg, Path(cwd))

@@ -134,3 +134,17 @@ def test_doctor_finds_your_code_as_submit_will(tmp_path):
     assert status == "FAIL" and "train.workload" in detail
     opted_out = load_config("quickstart", ["train.workload=nowhere_pkg_x.model:build", "train.snapshot_code=false"], env={})
     assert check_code(opted_out, str(tmp_path))[0] == "OK"
+
+
+def test_check_code_says_why_nothing_is_snapshotted(tmp_path):
+    """Issue 44: with train.snapshot_code=true (the default) and a built-in workload, doctor said
+    "train.snapshot_code=false: the job imports your code live" (an inverted condition)."""
+    from hpc_agent.config.load import load_config
+    from hpc_agent.checks.job_python import check_code
+
+    builtin = check_code(load_config("quickstart", [], env={}), str(tmp_path))
+    assert builtin == ("OK", "code", "built-in workload: nothing of yours to snapshot")
+    off = load_config("quickstart", ["train.workload=nowhere_pkg_x.model:build", "train.snapshot_code=false"], env={})
+    assert check_code(off, str(tmp_path)) == ("OK", "code", "train.snapshot_code=false: the job imports your code live")
+    off_builtin = load_config("quickstart", ["train.snapshot_code=false"], env={})
+    assert "snapshot_code=false" in check_code(off_builtin, str(tmp_path))[2]
