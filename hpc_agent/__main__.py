@@ -17,6 +17,7 @@ COMMANDS = {
     "review": "tables and plots of runs; start TensorBoard",
     "doctor": "check Slurm, GPUs and a config's memory estimate before submitting",
     "sweep": "hyperparameter sweeps with Optuna",
+    "chaos": "inject faults into a real run and check that the watcher recovers from each, with nothing lost",
     "prepare": "build the DeepSpeed ops jobs load, once, so that no job compiles",
     "config": "print the config reference; --list or --copy DIR: the shipped configs and templates",
     "init": "start a project here: a starter hpc_agent.yaml and sbatch_templates/ to edit",
