@@ -6,7 +6,7 @@ import importlib.util
 import sys
 from typing import List, Optional
 
-from hpc_agent.cli import exit_status
+from hpc_agent.cli import exit_status, invocation
 from hpc_agent.core.extras import MissingExtra
 
 COMMANDS = {
@@ -41,6 +41,11 @@ def _usage() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The console script's entry point: a closed stdout ends it quietly (hpc_agent.cli.invocation.run)."""
+    return invocation.run(_dispatch, argv)
+
+
+def _dispatch(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())

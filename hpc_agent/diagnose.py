@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_agent.cli import exit_status
+from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, add_read_cap_argument, configure
 from hpc_agent.config.load import RUNS_ENV, load_run_config, patch_as_overrides
 from hpc_agent.config.problems import ConfigError
@@ -727,4 +727,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(invocation.run(main))

@@ -20,7 +20,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Sequence
 
-from hpc_agent.cli import exit_status
+from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError, sbatch_test_argv
 from hpc_agent.slurm.sinfo import Partition, gres_of, parse_partitions, partitions_argv, select
@@ -299,4 +299,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(invocation.run(main))

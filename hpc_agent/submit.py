@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from hpc_agent.cli import exit_status
+from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, configure, passthrough
 from hpc_agent.config.load import load_config, resolve_config_path, to_yaml, write_run_config
 from hpc_agent.config.problems import ConfigError
@@ -405,4 +405,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(invocation.run(main))

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from hpc_agent.cli import exit_status
+from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, add_read_cap_argument, configure
 from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.config.problems import ConfigError
@@ -262,4 +262,4 @@ def _sleep_renewing(seconds: float, stop: "_Stop", lease, woken: Callable[[], bo
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(invocation.run(main))

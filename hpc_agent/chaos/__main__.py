@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hpc_agent.cli import exit_status
+from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.core.fsutil import atomic_write_json
 
@@ -132,4 +132,4 @@ def _cancel(target) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(invocation.run(main))

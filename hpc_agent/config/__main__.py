@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_agent.cli import exit_status
+from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.core import paths
 
@@ -75,4 +75,4 @@ def copy_shipped(home: Path, dest: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(invocation.run(main))
