@@ -80,7 +80,7 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hpc_agent.diagnose",
+        prog=invocation.prog("diagnose"),
         usage="%(prog)s [JOBID | RUN_ID | RUN_DIR] [--sacct-file FILE] [--log FILE ...] [--tb DIR] "
               "[--runs-root DIR] [--json] [options]",
         description="Explain why a training job ended and what to do about it, from what you have:\n"

@@ -205,7 +205,7 @@ def check_memory(cfg: Any, gpu_bytes: Optional[int], gres: str = "") -> List[Che
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hpc_agent.doctor",
+        prog=invocation.prog("doctor"),
         description="Check that Slurm, the partitions, the config, the GPUs and memory are ready for a job; "
                     "or (--data) infer a config's data section from a dataset file.",
         epilog="Examples: python -m hpc_agent.doctor quickstart slurm.partition=high | "

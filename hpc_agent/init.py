@@ -65,7 +65,7 @@ train:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hpc-agent init",
+        prog=invocation.prog("init"),
         description=f"Write a starter config ({CONFIG_NAME}) and a copy of the sbatch templates "
                     f"(sbatch_templates/) into DIR, for you to edit.",
         epilog="Example: mkdir myproject && cd myproject && hpc-agent init && hpc-agent submit hpc_agent.yaml --dry-run\n"

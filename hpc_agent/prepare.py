@@ -28,7 +28,7 @@ log = logging.getLogger("hpc_agent.prepare")  # not __name__: under python -m it
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hpc_agent.prepare",
+        prog=invocation.prog("prepare"),
         description="Build the DeepSpeed ops that training jobs load, so that no job compiles anything.",
         epilog="Examples: python -m hpc_agent.prepare | python -m hpc_agent.prepare --op cpu_adam | "
                f"{OPS_DIR_ENV}=/shared/ds_ops python -m hpc_agent.prepare")

@@ -141,7 +141,7 @@ def serve(logdir: Path, port: Optional[int], seconds: Optional[float], stream=No
 
 # --- CLI --------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hpc_agent.review", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation.prog("review"), description=__doc__.split("\n")[0])
     p.add_argument("path", help="a run directory, or a runs root (with ledger.sqlite) for all its runs")
     p.add_argument("--json", action="store_true", help='print {"runs": [...]} instead of the table')
     p.add_argument("--plot", metavar="OUT.png", help="save loss/LR/throughput plots with attempt boundaries")

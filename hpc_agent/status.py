@@ -28,7 +28,7 @@ COLUMNS = (("run", "run_id"), ("phase", "phase"), ("job", "job_id"), ("slurm", "
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hpc_agent.status", description=__doc__.split("\n\n")[1],
+    parser = argparse.ArgumentParser(prog=invocation.prog("status"), description=__doc__.split("\n\n")[1],
                                      epilog=exit_status.epilog(exit_status.OK, exit_status.USAGE))
     parser.add_argument("--runs-root", default=None, help=f"runs root (default: ${RUNS_ENV} or ./runs)")
     parser.add_argument("--json", action="store_true", help='print {"runs": [...]} instead of the lines')

@@ -41,7 +41,7 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hpc_agent.submit",
+        prog=invocation.prog("submit"),
         description="Validate a training config and submit it as a Slurm job (or a local job).",
         epilog="Example: python -m hpc_agent.submit configs/quickstart.yaml train.lr=1e-3 slurm.partition=low\n"
                "Exit codes: 0 submitted, 1 the job failed (--wait), 2 invalid config, 3 sbatch refused or timed out, "

@@ -49,7 +49,7 @@ MAX_BACKOFF_S = 300.0
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hpc_agent.watch",
+        prog=invocation.prog("watch"),
         description="Follow runs, diagnose ended attempts and requeue or resubmit them with an adjusted config.",
         epilog="Keep it running on a login node with a systemd user unit or scrontab (see docs/watcher.md). "
                + exit_status.epilog(exit_status.OK, exit_status.USAGE, exit_status.BUSY))

@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_status.OK, exit_status.FAILED, exit_stat
 def build_parser() -> argparse.ArgumentParser:
     from hpc_agent.chaos.schedule import KINDS
 
-    p = argparse.ArgumentParser(prog="python -m hpc_agent.chaos", description=__doc__.split("\n\n")[1].replace("\n", " "),
+    p = argparse.ArgumentParser(prog=invocation.prog("chaos"), description=__doc__.split("\n\n")[1].replace("\n", " "),
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("config", nargs="?", default="configs/chaos.yaml", help="the training config to run")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. train.max_steps=6000)")

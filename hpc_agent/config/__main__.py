@@ -23,7 +23,7 @@ DESCRIPTION = "print the config reference; --list or --copy DIR: the shipped con
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpc-agent config", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(prog=invocation.prog("config"), description=DESCRIPTION,
                                      epilog=exit_status.epilog(*exit_status.BY_COMMAND["config"]))
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--list", action="store_true", help="list the shipped configs and sbatch templates")

@@ -46,7 +46,7 @@ def optuna_module():
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hpc_agent.sweep",
+        prog=invocation.prog("sweep"),
         description="Hyperparameter sweep: random start-up trials, then TPE, with pruning; trials run as "
                     "Slurm job arrays and are followed (and repaired) by the watcher like any run.",
         epilog="Example: python -m hpc_agent.sweep quickstart configs/sweep_classifier.yaml --trials 8 --parallel 2\n"
