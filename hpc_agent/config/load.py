@@ -68,7 +68,40 @@ def _describe_type(tp: Any) -> str:
         return f"{_describe_type(inner[0])} or null"
     if origin in (dict, Dict):
         return "a mapping of option: value"
+    if origin in (list, List):
+        return f"a list of {_ITEMS.get(args[0], 'values') if args else 'values'}"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+_ITEMS = {int: "integers", float: "numbers", bool: "true/false values", str: "strings"}
+_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_./:@%+-]+$")
+
+
+def _is_list(tp: Any) -> bool:
+    """``List[...]`` or ``Optional[List[...]]``."""
+    if typing.get_origin(tp) is typing.Union:
+        return any(_is_list(a) for a in typing.get_args(tp) if a is not type(None))
+    return typing.get_origin(tp) in (list, List)
+
+
+def _list_hint(path: str, value: Any) -> str:
+    """How to write a list, on the command line above all, where ``train.command=python`` is the natural first
+    try: the words of a string meant as the list (``python train.py --lr 3`` -> ``'[python,train.py,--lr,"3"]'``,
+    a word YAML would read as another type in double quotes), when each is a plain word, else placeholders; never
+    a secret's words."""
+    from hpc_agent.core.redact import is_secret_name
+
+    example = "[a,b]"
+    words = value.split() if isinstance(value, str) and len(value) <= 200 else []
+    if words and not is_secret_name(path) and all(_PLAIN_WORD.match(w) for w in words):
+        try:
+            flow = "[" + ",".join(w if parse_text(w, path) == w else f'"{w}"' for w in words) + "]"
+            if parse_text(flow, path) == words:
+                example = flow
+        except ConfigError:
+            pass
+    return (f"; write a list as [a, b] in YAML, and on the command line as {path}='{example}' "
+            "(quoted, so that the shell keeps the brackets)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,7 +135,10 @@ def _type_problem(path: str, value: Any) -> Problem:
     head, _, rest = path.partition(".")
     name = rest.split(".")[0]
     tp = _field_types(SECTIONS[head]).get(name) if head in SECTIONS else None
-    return Problem(path, _short(value), _describe_type(tp) if tp is not None else "a valid value")
+    if tp is None:
+        return Problem(path, _short(value), "a valid value")
+    hint = _list_hint(path, value) if _is_list(tp) and path.count(".") == 1 else ""
+    return Problem(path, _short(value), _describe_type(tp) + hint)
 
 
 def _is_known(path: str) -> bool:

@@ -224,3 +224,35 @@ def test_snapshot_written_by_submit_records_env_origin(tmp_path, monkeypatch):
     cfg = load_config("quickstart", ["data.path=${oc.env:HPC_AGENT_TEST_DATA}"], env={})
     text = write_run_config(tmp_path, cfg).read_text()
     assert "env_origin:\n  data.path:\n  - HPC_AGENT_TEST_DATA" in text
+
+
+@pytest.mark.parametrize("override, key, expected", [
+    # issue 44: "expected typing.List[str]"; now the list form, on the command line, for the key given
+    ("train.command=python", "train.command",
+     "a list of strings or null; write a list as [a, b] in YAML, and on the command line as "
+     "train.command='[python]'"),
+    ("train.command=python train.py", "train.command", "train.command='[python,train.py]'"),
+    ("train.command=python train.py --steps 40 --fp16 true", "train.command",  # words YAML reads as other types
+     "train.command='[python,train.py,--steps,\"40\",--fp16,\"true\"]'"),
+    ("train.command=a,b", "train.command", "train.command='[a,b]'"),  # not a plain word list: placeholders
+    ("train.command=7", "train.command", "a list of strings or null; write a list as [a, b] in YAML"),
+    ("slurm.env_in_metadata=HOME", "slurm.env_in_metadata",
+     "a list of strings; write a list as [a, b] in YAML, and on the command line as slurm.env_in_metadata='[HOME]'"),
+    ("placement.partitions=gpu", "placement.partitions", "placement.partitions='[gpu]'"),
+    ("train.max_steps=[1,2]", "train.max_steps", "an integer"),  # not a list key: no list hint
+])
+def test_type_problem_says_how_to_write_the_value(override, key, expected):
+    problem = problems_of(override)[key]
+    assert expected in problem.expected, problem.expected
+    assert "typing." not in problem.expected
+    if key == "train.max_steps":
+        assert "list" not in problem.expected
+
+
+def test_a_list_hint_suggested_on_the_command_line_loads():
+    """The suggested form, given back as an override, is accepted and gives the words as the list."""
+    problem = problems_of("train.command=python train.py --steps 40")["train.command"]
+    suggested = problem.expected.split("on the command line as ", 1)[1].split(" (quoted")[0]
+    key, _, value = suggested.partition("=")
+    cfg = load_config("quickstart", [f"{key}={value.strip(chr(39))}"], env={})
+    assert cfg.train.command == ["python", "train.py", "--steps", "40"]
