@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "or - to read it from stdin (what submit --remote sends)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.max_steps=50")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and job script; submit nothing")
+    parser.add_argument("--script-only", action="store_true",
+                        help="a dry run (implies --dry-run) that prints only the sbatch job script on stdout, for "
+                             "`submit CONFIG --script-only > job.sh`; every other line goes to stderr. Slurm "
+                             "executor only (a local job has no script); the script's paths point into a run "
+                             "directory that only a real submit creates")
     parser.add_argument("--executor", choices=EXECUTORS, default="auto",
                         help="slurm (sbatch), local (a process on this machine), or auto: slurm if sbatch is on PATH")
     parser.add_argument("--force", action="store_true",
@@ -210,7 +215,8 @@ def check_memory(cfg, kind: str) -> MemoryVerdict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    configure(args)
+    configure(args, chatter_on_stderr=args.script_only)
+    args.dry_run = args.dry_run or args.script_only
     if args.remote:
         from hpc_agent.remote.ssh_submit import submit_remote
 
@@ -233,6 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     kind, announcement = choose_executor(args.executor, SlurmCLI.available())
     if announcement:
         log.info(announcement)
+    if args.script_only and kind != "slurm":
+        print(f"--script-only prints the sbatch job script, and the {kind} executor has none"
+              + (" (no sbatch on PATH here, so --executor auto chose local)" if announcement else "")
+              + ": add --executor slurm. Nothing was created or submitted.", file=sys.stderr)
+        return EXIT_CONFIG
     if args.place and args.place != cfg.placement.mode:  # recorded: the watcher reads the run's config
         cfg = place.with_mode(cfg, args.place)
     if cfg.placement.mode == "auto":
@@ -272,6 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shared is not None:
         print(f"{shared}\nNothing was submitted.", file=sys.stderr)
         return EXIT_CONFIG
+    if args.script_only:  # stdout is the script alone (> job.sh); what a dry run says besides goes to stderr
+        print(script)
+        print(f"# Dry run: nothing was created or submitted. The script's paths point into {run_dir}, which only a "
+              "real submit creates.", file=sys.stderr)
+        return 0
     if args.dry_run:
         print("# Resolved config")
         print(to_yaml(cfg))

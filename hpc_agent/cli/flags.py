@@ -25,14 +25,20 @@ _CLUSTER_NAMES = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
 class _StreamsHandler(logging.Handler):
     """INFO and DEBUG to stdout, WARNING and above to stderr: the streams this chatter used as ``print()``,
     so the default output is what users saw before. The stream is looked up per record, not bound at
-    set-up: pytest's capture and a caller's redirection replace ``sys.stdout`` after ``configure``."""
+    set-up: pytest's capture and a caller's redirection replace ``sys.stdout`` after ``configure``. With
+    ``chatter_on_stderr`` every line goes to stderr: stdout then carries only what the command was asked for
+    (``submit --script-only > job.sh``)."""
+
+    def __init__(self, chatter_on_stderr: bool = False):
+        super().__init__()
+        self.chatter_on_stderr = chatter_on_stderr
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = record.getMessage()
             if record.levelno < logging.INFO:
                 text = f"[debug {record.name}] {text}"
-            stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+            stream = sys.stderr if record.levelno >= logging.WARNING or self.chatter_on_stderr else sys.stdout
             stream.write(text + "\n")
             stream.flush()  # a log that is tailed, or read after a kill -9, must not sit in a buffer
         except Exception:  # noqa: BLE001 - a closed pipe: chatter is never worth a traceback over the result
@@ -66,23 +72,24 @@ def add_common_arguments(parser: argparse.ArgumentParser, slurm: bool = False) -
     return parser
 
 
-def configure_logging(args: argparse.Namespace) -> None:
+def configure_logging(args: argparse.Namespace, chatter_on_stderr: bool = False) -> None:
     """The ``hpc_agent`` logger at INFO (today's output), DEBUG with ``-v``, WARNING with ``-q``. Idempotent:
-    a command whose main calls another's (submit --wait runs diagnose) replaces the handler, never adds one."""
+    a command whose main calls another's (submit --wait runs diagnose) replaces the handler, never adds one.
+    ``chatter_on_stderr``: INFO and DEBUG lines too go to stderr (see _StreamsHandler)."""
     level = (logging.DEBUG if getattr(args, "verbose", 0) else
              logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     logger = logging.getLogger(LOGGER)
     for handler in [h for h in logger.handlers if isinstance(h, _StreamsHandler)]:
         logger.removeHandler(handler)
-    logger.addHandler(_StreamsHandler())
+    logger.addHandler(_StreamsHandler(chatter_on_stderr))
     logger.setLevel(level)
     logger.propagate = False  # a root handler (optuna's, a user's basicConfig) would print every line twice
 
 
-def configure(args: argparse.Namespace) -> None:
+def configure(args: argparse.Namespace, chatter_on_stderr: bool = False) -> None:
     """Logging, then ``--clusters``: kept in the environment, so that every SlurmCLI of this process and every
     hpc_agent process it starts (chaos's submit and watcher) address the same cluster."""
-    configure_logging(args)
+    configure_logging(args, chatter_on_stderr)
     if getattr(args, "clusters", None):
         os.environ[CLUSTERS_ENV] = args.clusters
     logging.getLogger(LOGGER).debug("hpc_agent %s, Python %s, %s; Slurm clusters: %s", __version__,

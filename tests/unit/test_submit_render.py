@@ -75,6 +75,50 @@ def test_dry_run_prints_config_and_script_and_creates_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("flags", [["--script-only"], ["--dry-run", "--script-only"]])
+def test_script_only_redirected_is_exactly_the_job_script(tmp_path, flags):
+    """Issue 44: ``--dry-run > job.sh`` mixed the config, comments and the script. ``--script-only > job.sh``
+    writes the job script alone, as --dry-run shows it; everything else goes to stderr."""
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    job_sh = tmp_path / "job.sh"
+    with job_sh.open("w") as out:
+        proc = subprocess.run([sys.executable, "-m", "hpc_agent", "submit", "quickstart", *flags, "--executor",
+                               "slurm", f"run.runs_root={runs}"], stdout=out, stderr=subprocess.PIPE, text=True,
+                              timeout=300, cwd=str(tmp_path),
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert proc.returncode == 0, proc.stderr
+    text = job_sh.read_text()
+    assert text.startswith("#!/bin/bash\n") and text.rstrip().endswith('exit "$hpc_agent_rc"'), text[:300]
+    assert "# Resolved config" not in text and "memory:" not in text and "Dry run" not in text
+    assert "#SBATCH --requeue" in text
+    check = subprocess.run(["bash", "-n", str(job_sh)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    assert "memory:" in proc.stderr and "nothing was created or submitted" in proc.stderr
+    assert not runs.exists()
+    full = run_cli("-m", "hpc_agent.submit", "quickstart", "--dry-run", "--executor", "slurm", f"run.runs_root={runs}")
+    shown = full.stdout.split("# Job script (sbatch)\n", 1)[1].split("# Dry run:", 1)[0]
+    import re
+
+    def same_run(t: str) -> str:  # the two dry runs may name their run ids a second apart
+        return re.sub(r"quickstart-\d{8}-\d{6}(-\d+)?", "RUN_ID", t)
+
+    assert same_run(shown) == same_run(text)
+
+
+def test_script_only_refuses_the_local_executor(tmp_path, monkeypatch, capsys):
+    from hpc_agent import submit
+    from hpc_agent.slurm.cli import SlurmCLI
+
+    monkeypatch.setattr(SlurmCLI, "available", staticmethod(lambda: False))  # auto -> local
+    assert submit.main(["quickstart", "--script-only", f"run.runs_root={tmp_path / 'runs'}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--executor slurm" in captured.err and "auto chose local" in captured.err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_submit_with_three_mistakes_exits_2_naming_all(tmp_path):
     proc = run_cli("-m", "hpc_agent.submit", "quickstart", "train.zero_stage=7", "slurm.nodes=0",
                    "slurm.partition=low;rm -rf /", f"run.runs_root={tmp_path}")
