@@ -16,7 +16,7 @@ from hpc_agent.core import rundir
 from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps
 from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
 from hpc_agent.runs.liveness import read_live
-from hpc_agent.runs.plot import boundary_labels, in_job_markers, is_notice
+from hpc_agent.runs.plot import attempts_shown, boundary_labels, in_job_markers, is_notice
 from hpc_agent.state.ledger import LEDGER_FILE
 from hpc_agent.state.lifecycle import TERMINAL, Phase
 
@@ -251,9 +251,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
         b.pop("time", None)
 
     all_walls = [p.wall_time for tag in scalars.tags() for _, p in scalars.raw(tag)]
-    event_attempts = [e["attempt"] for e in events if isinstance(e.get("attempt"), int)]
-    attempts = max([len(submissions), len(info.get("job_ids", [])), len(starts), len(boundaries) + 1 if events else 0,
-                    max(event_attempts) + 1 if event_attempts else 0])
+    attempts = max([len(submissions), len(info.get("job_ids", [])), len(starts), attempts_shown(events)])
     start = (created_at or (submissions[0].intent_at if submissions else None)
              or _iso_to_ts(info.get("submitted_at")) or (min(all_walls) if all_walls else None))
     now = time.time() if now is None else now

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from hpc_agent.core.in_job_journal import ADAPT_ACTION
 from hpc_agent.policy.adaptive_lr import adaptation_kind
+from hpc_agent.policy.decide import REQUEUE, RESUBMIT
 
 NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
 # The watcher's notices about a running attempt (hpc_agent.watcher.follow_hang): it asked for the stacks of a run
@@ -13,6 +14,9 @@ NO_BOUNDARY_CAUSES = frozenset({"completed", "running", "pending"})
 # switch refused (hpc_agent/state/audit.py record_refused). None ends an attempt nor
 # names its cause; the decision does.
 NOTICE_ACTIONS = frozenset({"hang_suspected", "hang_cleared", "notification", "refused"})
+# What starts another attempt after the one a record is about: the policy's requeue and resubmit, and the
+# expedite of a job Slurm requeued itself (hpc_agent/watcher/follow.py).
+NEXT_ATTEMPT_ACTIONS = frozenset({REQUEUE, RESUBMIT, "expedite"})
 
 
 def is_notice(record: Mapping[str, Any]) -> bool:
@@ -71,6 +75,23 @@ def boundary_labels(events: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]
             continue
         out.append({"attempt": attempt, "label": label, "time": record.get("time")})
     return sorted(out, key=lambda b: b["attempt"])
+
+
+def attempts_shown(events: Sequence[Mapping[str, Any]]) -> int:
+    """How many attempts the audit trail shows: 1 for any record at all, and each record's ``attempt``, the
+    run-wide 1-based number of the attempt it is about (the watcher's decisions and notices, the job's in-job
+    repairs, the actions carried out). Only a requeue or resubmit (decided, or carried out) and the expedite of
+    Slurm's own requeue also show the attempt after it: a stop, a park, a notice or an in-job repair does not."""
+    shown = 1 if events else 0
+    for record in events:
+        number = record.get("attempt")
+        if not isinstance(number, int) or isinstance(number, bool):
+            continue
+        decision = record.get("decision") if isinstance(record.get("decision"), Mapping) else {}
+        actions = {decision.get("action"), record.get("action")}
+        starts_next = bool(actions & NEXT_ATTEMPT_ACTIONS) and not is_in_job(record)
+        shown = max(shown, number + 1 if starts_next else number)
+    return shown
 
 
 def is_in_job(record: Mapping[str, Any]) -> bool:

@@ -176,3 +176,46 @@ def test_serve_tensorboard_returns_each_step_once(run_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _one_job_run(root: Path, events) -> Path:
+    """A run with one Slurm job and one attempt (one event file), whose events.jsonl holds ``events``."""
+    run_id = "gpt-20260102-000000"
+    run_dir = root / run_id
+    (run_dir / "tb").mkdir(parents=True)
+    write_run_config(run_dir, build_config([{"train": {"max_steps": 20}}]))
+    ledger = Ledger.in_runs_root(root)
+    ledger.clock = lambda: T0
+    ledger.add_run(run_id, "gpt", str(run_dir))
+    ledger.record_submitted(ledger.record_intent(run_id, "slurm", str(run_dir / "config.yaml"), "submit"), "2001")
+    ledger.set_phase(run_id, "completed")
+    ledger.close()
+    _write_attempt(run_dir / "tb", 0, list(range(1, 21)), T0 + 60, 1.0)
+    with open(run_dir / "events.jsonl", "w") as handle:
+        for record in events:
+            handle.write(json.dumps({"run_id": run_id, "job_id": "2001", **record}) + "\n")
+    return run_dir
+
+
+ADAPTED = {"attempt": 1, "cause": "adaptive", "action": "adaptive_schedule", "decided_in": "job", "step": 7,
+           "decision": {"action": "adaptive_schedule", "cause": "adaptive", "patch": {}}}
+HANG = {"attempt": 1, "action": "hang_suspected", "reason": "no step for 600 s"}
+STOPPED = {"attempt": 1, "cause": "code_error", "evidence": ["Traceback"],
+           "decision": {"action": "stop", "cause": "code_error", "reason": "a bug: fix the code"}}
+DONE = {"cause": "completed", "action": "done", "reason": "finished"}
+
+
+@pytest.mark.parametrize("events", [
+    [DONE], [ADAPTED, DONE], [HANG, {**HANG, "action": "hang_cleared"}, DONE], [STOPPED], [],
+], ids=["completed", "in-job-adaptation", "hang-notices", "stopped", "no-events"])
+def test_a_run_with_one_job_has_one_attempt(tmp_path, events):
+    """Issue 44: review counted 2 attempts for a run with one job: events.jsonl numbers the attempt a record is
+    about from 1, and only a requeue or resubmit (or Slurm's own requeue, expedited) starts another."""
+    assert review_run(_one_job_run(tmp_path / "runs", events))["attempts"] == 1
+
+
+def test_a_requeue_decision_shows_the_next_attempt(tmp_path):
+    requeued = {"attempt": 1, "cause": "preempted", "decision": {"action": "requeue", "cause": "preempted"}}
+    assert review_run(_one_job_run(tmp_path / "runs", [requeued]))["attempts"] == 2
+    expedited = {"attempt": 1, "cause": "preempted", "action": "expedite"}
+    assert review_run(_one_job_run(tmp_path / "runs2", [expedited, DONE]))["attempts"] == 2
