@@ -113,13 +113,21 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def next_commands(config: Path) -> List[str]:
+def next_commands(config: Path, profile: Optional[str] = None) -> List[str]:
+    """The steps after init. With ``profile``, its file comes first, and doctor and submit read it through
+    ``--profile NAME``: profiles/ next to the config is where that name is looked for first."""
     shown = _shown(config)
-    return [f"  edit {shown}: its comments say which keys a GPU cluster changes",
-            f"  hpc-agent doctor {shown}     # Slurm, the config, DeepSpeed's ops, GPUs, memory estimate",
-            "  hpc-agent prepare      # once per virtualenv, if doctor says DeepSpeed's ops are not prepared",
-            f"  hpc-agent submit {shown} --dry-run     # the job script; nothing is submitted",
-            f"  hpc-agent submit {shown}     # then follow and repair it: hpc-agent watch"]
+    use = f" --profile {profile}" if profile else ""
+    lines = [f"  edit {shown}: its comments say which keys a GPU cluster changes"]
+    if profile:
+        lines += [f"  edit {_shown(config.parent / paths.PROFILES / f'{profile}.yaml')}: this cluster's account, "
+                  f"partition, GPU request and activation lines (docs/profiles.md); doctor and submit below read it "
+                  f"through --profile {profile} (or: export HPC_AGENT_PROFILE={profile})"]
+    return lines + [
+        f"  hpc-agent doctor{use} {shown}     # Slurm, the config, DeepSpeed's ops, GPUs, memory estimate",
+        "  hpc-agent prepare      # once per virtualenv, if doctor says DeepSpeed's ops are not prepared",
+        f"  hpc-agent submit{use} {shown} --dry-run     # the job script; nothing is submitted",
+        f"  hpc-agent submit{use} {shown}     # then follow and repair it: hpc-agent watch"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -159,7 +167,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{_shown(dest / CONFIG_NAME)} and {_shown(dest / paths.TEMPLATES)}/ are already there, unchanged")
     print(f"submit uses {_shown(dest / paths.TEMPLATES)}/<name>.yaml before the shipped template of that name.")
     print("next:")
-    print("\n".join(next_commands(dest / CONFIG_NAME)))
+    print("\n".join(next_commands(dest / CONFIG_NAME, args.profile)))
     return 0
 
 

@@ -72,3 +72,26 @@ def test_init_reports_an_unwritable_dir_without_a_traceback(tmp_path, capsys):
     blocker.write_text("")
     assert init.main([str(blocker / "sub")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_init_with_a_profile_names_it_in_the_next_steps(tmp_path, monkeypatch, capsys):
+    """Issue 44: init --profile's "next:" block did not mention the profile, so doctor and submit as suggested
+    ran without it. Each suggested doctor/submit line now carries --profile NAME, which finds the file written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HPC_AGENT_PROFILE", raising=False)
+    assert agent(["init", "proj", "--profile", "mycluster"]) == 0
+    out = capsys.readouterr().out
+    steps = out.split("next:\n", 1)[1].splitlines()
+    assert any("edit proj/profiles/mycluster.yaml" in line for line in steps)
+    commands = [line.split("#")[0].strip() for line in steps if line.strip().startswith(("hpc-agent doctor",
+                                                                                         "hpc-agent submit"))]
+    assert commands == ["hpc-agent doctor --profile mycluster proj/hpc_agent.yaml",
+                        "hpc-agent submit --profile mycluster proj/hpc_agent.yaml --dry-run",
+                        "hpc-agent submit --profile mycluster proj/hpc_agent.yaml"]
+    from hpc_agent.config.load import load_config
+
+    cfg = load_config("proj/hpc_agent.yaml", [], profile="mycluster", env={})  # as those commands load it
+    assert cfg.profile.name == "mycluster"
+    assert init.next_commands(tmp_path / "proj" / "hpc_agent.yaml") == \
+        init.next_commands(tmp_path / "proj" / "hpc_agent.yaml", None)  # no profile: no --profile
+    assert "--profile" not in "\n".join(init.next_commands(tmp_path / "proj" / "hpc_agent.yaml"))
