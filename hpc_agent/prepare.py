@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, configure
-from hpc_agent.core.ops_cache import OPS_DIR_ENV, find_prepared, ops_dir, read_cpu_flags
+from hpc_agent.core.ops_cache import DEFAULT_OPS, OPS_DIR_ENV, find_prepared, ops_dir, read_cpu_flags
 
 log = logging.getLogger("hpc_agent.prepare")  # not __name__: under python -m it is __main__, outside the tree
 
@@ -59,7 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     root = args.ops_dir or ops_dir()
     try:
         runtime = ops.current_runtime()
-        names = args.op or ops.DEFAULT_OPS.get(runtime.accelerator, [])
+        names = args.op or DEFAULT_OPS.get(runtime.accelerator, [])
         if args.check:
             flags = read_cpu_flags()
             missing = [(b.name, why) for b in ops.resolve_builders(names)

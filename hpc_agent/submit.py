@@ -11,13 +11,14 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, configure, passthrough
 from hpc_agent.config.load import load_config, resolve_config_path, to_yaml, write_run_config
-from hpc_agent.config.problems import ConfigError
+from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.core import paths, rundir
 from hpc_agent.core.redact import redact_command
 from hpc_agent.jobs import code_snapshot, place
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=invocation.prog("submit"),
         description="Validate a training config and submit it as a Slurm job (or a local job).",
         epilog="Example: python -m hpc_agent.submit configs/quickstart.yaml train.lr=1e-3 slurm.partition=low\n"
-               "Exit codes: 0 submitted, 1 the job failed (--wait), 2 invalid config, 3 sbatch refused or timed out, "
+               "Exit codes: 0 submitted, 1 the job failed (--wait), 2 invalid config (or train.workload not found, or a "
+               "DeepSpeed op not prepared: python -m hpc_agent.prepare), 3 sbatch refused or timed out, "
                "5 the runs root is paused (watch --pause), 6 the memory estimate does not fit the GPU (see --force); "
                "all commands: docs/cli.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -61,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--executor", choices=EXECUTORS, default="auto",
                         help="slurm (sbatch), local (a process on this machine), or auto: slurm if sbatch is on PATH")
     parser.add_argument("--force", action="store_true",
-                        help="submit even if the memory estimate does not fit the partition's GPUs (then only warn)")
+                        help="submit even if the memory estimate does not fit the partition's GPUs, or a DeepSpeed op "
+                             "the job loads is not prepared (then only warn); never past a train.workload that "
+                             "cannot be found")
     parser.add_argument("--wait", action="store_true",
                         help="wait for the run to end (repaired on the way by the runs root's watcher, or by one in "
                              "this process when none runs), showing its progress; print its final state")
@@ -213,6 +217,58 @@ def check_memory(cfg, kind: str) -> MemoryVerdict:
     return memory_verdict(cfg, capacity, source)
 
 
+@dataclass
+class Prechecks:
+    """What submit checks before anything is created, so that a mistake ends here and not after the queue wait."""
+
+    snapshot: Optional[code_snapshot.Plan] = None
+    code: List[Problem] = field(default_factory=list)
+    """Your code cannot be found or has no such callable: refused, even with --force."""
+    environment: List[str] = field(default_factory=list)
+    """The job's Python cannot run the job (an unprepared DeepSpeed op): refused unless --force."""
+    lines: List[Tuple[int, str]] = field(default_factory=list)
+    """(log level, line) of each check that passed, was skipped or was forced: progress, and the dry run's."""
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.code or self.environment)
+
+    def render(self) -> str:
+        parts = [ConfigError(self.code).render()] if self.code else []
+        if self.environment:
+            n = len(self.environment)
+            parts.append(f"{n} problem{'s' if n != 1 else ''} with the job's environment:")
+            parts += [f"  - {line}" for line in self.environment]
+        return "\n".join(parts)
+
+
+def precheck(cfg, cwd: Path, force: bool) -> Prechecks:
+    """Every check of what the job will find, each problem collected (reported together, exit 2): the snapshot
+    plan and the workload's module and callable (``hpc_agent.jobs.workload_lookup``: found and read, never
+    imported: it may import torch or do anything at import), and the DeepSpeed ops the job loads
+    (``hpc_agent.checks.envcheck.check_job_ops``, the check doctor runs, for the job's Python)."""
+    from hpc_agent.checks.envcheck import FAIL, OK, SKIP, check_job_ops
+    from hpc_agent.jobs import workload_lookup
+
+    out = Prechecks()
+    try:  # your code, found now; copied once the run dir exists
+        out.snapshot = code_snapshot.plan_for(cfg, cwd)
+    except ConfigError as exc:
+        out.code += exc.problems
+    found = workload_lookup.check(cfg, cwd)
+    out.code += found.problems
+    if found.detail:
+        out.lines.append((logging.INFO, f"Workload: {found.detail}"))
+    level, detail = check_job_ops(cfg)
+    if level == FAIL and not force:
+        out.environment.append(f"DeepSpeed ops: {detail} (submit --force submits anyway; the job would exit 72)")
+    elif level == FAIL:
+        out.lines.append((logging.WARNING, f"DeepSpeed ops (--force: submitted anyway): {detail}"))
+    else:
+        out.lines.append((logging.INFO if level in (OK, SKIP) else logging.WARNING, f"DeepSpeed ops: {detail}"))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     configure(args, chatter_on_stderr=args.script_only)
@@ -229,12 +285,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.config = config_from_stdin()
             profile = ""  # it is resolved: the laptop applied the profile, and the snapshot records it
         cfg = load_config(args.config, args.overrides, profile=profile)
-        # Your code, found now (never imported: it may import torch); copied once the run dir exists.
-        snapshot = code_snapshot.plan_for(cfg, Path.cwd())
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         print("Nothing was submitted. Fix the values above and run the command again.", file=sys.stderr)
         return EXIT_CONFIG
+    checked = precheck(cfg, Path.cwd(), args.force)
+    if checked.refused:
+        print(checked.render(), file=sys.stderr)
+        print("Nothing was submitted. Fix the problems above and run the command again.", file=sys.stderr)
+        return EXIT_CONFIG
+    for level, line in [] if args.dry_run else checked.lines:  # the dry run prints them with the script
+        log.log(level, line)
+    snapshot = checked.snapshot
 
     kind, announcement = choose_executor(args.executor, SlurmCLI.available())
     if announcement:
@@ -304,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if snapshot is not None:
             print(f"# Code snapshot: {len(snapshot.files)} files ({snapshot.bytes / 1024:.1f} KiB) from "
                   f"{snapshot.source} -> {rundir.code_dir(run_dir)}")
+        for _, line in checked.lines:  # what submit checked before the queue wait, or why it did not
+            print(f"# {line}")
         print("# Dry run: nothing was created or submitted.")
         return 0
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
+from hpc_agent.core.ops_cache import uses_cpu_adam
+
 # DeepSpeed prints a progress line every steps_per_print steps; we log ourselves.
 _NEVER = 2**31 - 1
 
@@ -76,7 +78,7 @@ def build_ds_config(train, *, world_size: int, precision: str, on_cuda: bool,
     if precision not in ("fp16", "bf16", "fp32"):
         raise ValueError(f"precision must be resolved to fp16, bf16 or fp32 first, not {precision!r}")
     mbs, accum = int(train.micro_batch_size), int(train.grad_accum_steps)
-    cpu_adam = on_cuda and train.offload != "none"
+    cpu_adam = uses_cpu_adam(on_cuda, train.offload)  # a compiled op: submit checks that it is prepared
     params: Dict[str, Any] = {"lr": float(train.lr), "weight_decay": float(train.weight_decay)}
     if not cpu_adam:
         params["torch_adam"] = True

@@ -25,17 +25,10 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from hpc_agent.core.fsutil import atomic_write_json, hold_lock
-from hpc_agent.core.ops_cache import (MANIFEST, PreparedOp, Runtime, find_build_locks, find_prepared, manifest_data,
-                                      missing_op_message, ops_dir, python_tag, read_cpu_flags, read_manifest,
-                                      runtime_dir, sha256_of)
+from hpc_agent.core.ops_cache import (DEFAULT_OPS, MANIFEST, OPTIONAL_OPS, PreparedOp, Runtime, find_build_locks,
+                                      find_prepared, manifest_data, missing_op_message, ops_dir, python_tag,
+                                      read_cpu_flags, read_manifest, runtime_dir, sha256_of)
 
-# The ops our jobs make DeepSpeed load, per accelerator: the CPU accelerator's shared-memory comm op at every
-# init_distributed; CPU Adam where the optimizer is offloaded from a GPU (on the CPU accelerator we give
-# DeepSpeed torch's AdamW instead, see launch/dsconfig.py). Other ops: prepare --op NAME.
-DEFAULT_OPS: Dict[str, List[str]] = {"cpu": ["deepspeed_shm_comm"], "cuda": ["cpu_adam"]}
-# Needed only by some configs (train.offload): a default build of these that fails (no CUDA toolkit on this
-# machine, say) is reported and skipped; such a job then exits 72 naming the op, and nothing else is blocked.
-OPTIONAL_OPS = frozenset({"cpu_adam"})
 PREPARE_LOCK_WAIT_S = 20 * 60
 
 

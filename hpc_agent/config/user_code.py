@@ -6,15 +6,17 @@ the ``container:`` section. Every value here reaches the job script, so each has
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 from hpc_agent.config.checks import check_choice, raise_if
 from hpc_agent.config.fields import char_name, path_problem
 from hpc_agent.config.problems import Problem
 
 BUILTIN_WORKLOADS = ("gpt", "classifier")
+WORKLOAD_DOC = "docs/your_model.md"
 # ``pkg.mod:build``: dotted Python identifiers, a colon, then the callable's (possibly dotted) name.
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 WORKLOAD_REF_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
@@ -36,7 +38,53 @@ def workload_problem(value: object) -> Optional[str]:
     if text in BUILTIN_WORKLOADS or WORKLOAD_REF_RE.match(text):
         return None
     return ("gpt, classifier, or your own as 'package.module:build' (an importable module and the callable "
-            "in it that returns a Workload; see docs/your_model.md)")
+            f"in it that returns a Workload; see {WORKLOAD_DOC})")
+
+
+# ---- what is wrong with a reference, said the same way by submit (hpc_agent.jobs.workload_lookup) and the job
+# (launch/workloads/user.py): which part is missing, and the reference that was probably meant ----------------
+def close_name(name: str, candidates: Iterable[str]) -> Optional[str]:
+    """The candidate closest to a mistyped ``name`` (None: none is close)."""
+    close = difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def missing_package(ref: str, top: str) -> str:
+    """``pkg`` of ``pkg.mod:build`` is on no path the job imports from."""
+    return (f"an importable module: {ref.partition(':')[0]!r} was not found (No module named {top!r}); submit from "
+            "the folder that holds the package, or add its parent folder to PYTHONPATH (with "
+            f"train.snapshot_code=false it must be on the job's PYTHONPATH too); see {WORKLOAD_DOC}")
+
+
+def missing_submodule(ref: str, parent: str, where: str, name: str, siblings: Optional[Iterable[str]]) -> str:
+    """``parent`` exists (at ``where``) but has no module ``name``; ``siblings`` are the modules it has
+    (None: ``parent`` is a module, not a package)."""
+    module_name, _, attr = ref.partition(":")
+    if siblings is None:
+        return (f"an importable module: {module_name!r} was not found: {parent!r} ({where}) is a module, not a "
+                f"package, so it has no module {name!r}; fix the module path before ':'; see {WORKLOAD_DOC}")
+    siblings = sorted(set(siblings))
+    close = close_name(name, siblings)
+    if close:
+        rest = module_name[len(parent) + 1 + len(name):]  # the parts after the mistyped one, as given
+        hint = f" (did you mean {parent}.{close}{rest}:{attr}?)"
+    else:
+        listed = ", ".join(siblings[:12]) + (", ..." if len(siblings) > 12 else "")
+        hint = f" (its modules: {listed})" if siblings else " (it has no modules)"
+    return (f"an importable module: {module_name!r} was not found: package {parent!r} ({where}) has no module "
+            f"{name!r}; fix the module path before ':'{hint}")
+
+
+def missing_callable(ref: str, where: str, part: str, names: Iterable[str]) -> str:
+    """The module imports (or would), but has no ``part`` (the first missing name of the callable's path)."""
+    module_name, _, attr_path = ref.partition(":")
+    close = close_name(part, [n for n in names if not n.startswith("__")])
+    hint = ""
+    if close:
+        fixed = ".".join(close if p == part else p for p in attr_path.split("."))
+        hint = f" (did you mean {module_name}:{fixed}?)"
+    return (f"a callable that exists: {module_name} ({where}) has no {attr_path!r} (no attribute {part!r}); "
+            f"fix the name after ':'{hint}")
 
 
 def command_problems(command: Optional[List[str]]) -> List[Problem]:

@@ -45,6 +45,27 @@ STALE_LOCK_AGE_S = 15 * 60
 """A torch build lock older than this is left over from a killed build: a real build of a DeepSpeed op
 takes 25-60 s on one core here, and minutes only when something is wrong."""
 
+# The ops our jobs make DeepSpeed load, per accelerator: the CPU accelerator's shared-memory comm op at every
+# init_distributed; CPU Adam where the optimizer is offloaded from a GPU (on the CPU accelerator we give
+# DeepSpeed torch's AdamW instead, see launch/dsconfig.py). Other ops: prepare --op NAME.
+DEFAULT_OPS: Dict[str, List[str]] = {"cpu": ["deepspeed_shm_comm"], "cuda": ["cpu_adam"]}
+# Needed only by some configs (train.offload): a default build of these that fails (no CUDA toolkit on this
+# machine, say) is reported and skipped; such a job then exits 72 naming the op, and nothing else is blocked.
+OPTIONAL_OPS = frozenset({"cpu_adam"})
+
+
+def uses_cpu_adam(on_cuda: bool, offload: str) -> bool:
+    """DeepSpeed's CPU Adam (a compiled op) is the optimizer only for ``train.offload`` on a GPU."""
+    return bool(on_cuda) and offload != "none"
+
+
+def job_ops(accelerator: str, offload: str) -> List[str]:
+    """The prepared ops a training job on ``accelerator`` loads (submit checks them before the queue wait)."""
+    if accelerator == "cpu":
+        return list(DEFAULT_OPS["cpu"])
+    return ["cpu_adam"] if uses_cpu_adam(accelerator == "cuda", offload) else []
+
+
 # CPU features a -march=native build may use; an op built where these exist faults (SIGILL) on a node
 # without them, so the job checks them before loading (only flags of this kind: the rest vary harmlessly).
 _ISA_FLAG = re.compile(r"^(?:avx|amx|fma|f16c|sse|ssse|bmi|vnni|sha_ni|aes|pclmul)")
@@ -162,10 +183,11 @@ def read_manifest(path: Path) -> Tuple[Dict[str, PreparedOp], Dict[str, str], st
     return ops, runtime, ""
 
 
-def missing_op_message(op: str, runtime: Runtime, root: Path, why: str, python: str = sys.executable) -> str:
-    """The line a job prints before exiting 72 (``[hpc_agent] environment problem: ...``): the fix first,
-    because diagnosis evidence keeps only the start of a long line."""
-    hint = f"{OPS_DIR_ENV}={root} " if os.environ.get(OPS_DIR_ENV) else ""
+def missing_op_message(op: str, runtime: Runtime, root: Path, why: str, python: str = sys.executable,
+                       environ: Mapping[str, str] = os.environ) -> str:
+    """The line a job prints before exiting 72 (``[hpc_agent] environment problem: ...``), and submit before
+    it refuses such a job: the fix first, because diagnosis evidence keeps only the start of a long line."""
+    hint = f"{OPS_DIR_ENV}={root} " if environ.get(OPS_DIR_ENV) else ""
     return (f"DeepSpeed op {op} is not prepared, and a job never compiles one. Fix: `{hint}{python} -m "
             f"hpc_agent.prepare`, then resubmit. Why: {why} ({runtime.describe()})")
 

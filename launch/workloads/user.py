@@ -9,12 +9,14 @@ or PYTHONPATH, so the watcher must not retry it.
 from __future__ import annotations
 
 import importlib
+import pkgutil
+import sys
 import traceback
 from typing import Any
 
 from hpc_agent.config.problems import ConfigError, Problem
-
-DOC = "docs/your_model.md"
+from hpc_agent.config.user_code import WORKLOAD_DOC as DOC
+from hpc_agent.config.user_code import missing_callable, missing_package, missing_submodule
 
 
 class WorkloadError(ConfigError):
@@ -41,11 +43,15 @@ def _import(ref: str, module_name: str):
         # Only a missing module *of the reference* is a path problem; a dependency missing inside the
         # user's module is their environment, and its name says which package to install.
         parts = module_name.split(".")
-        if exc.name in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
-            raise WorkloadError(ref, f"an importable module: {module_name!r} was not found (No module named "
-                                     f"{exc.name!r}); submit from the folder that holds the package, or add its "
-                                     f"parent folder to PYTHONPATH (with train.snapshot_code=false it must be on "
-                                     f"the job's PYTHONPATH too); see {DOC}") from exc
+        if exc.name == parts[0]:  # the package itself: where the job imports from
+            raise WorkloadError(ref, missing_package(ref, parts[0])) from exc
+        if exc.name in {".".join(parts[:i]) for i in range(2, len(parts) + 1)}:  # a module of a package found
+            parent, _, name = exc.name.rpartition(".")
+            found = sys.modules.get(parent)
+            path = getattr(found, "__path__", None)
+            where = ", ".join(map(str, path)) if path is not None else str(getattr(found, "__file__", "?"))
+            siblings = [m.name for m in pkgutil.iter_modules(list(path))] if path is not None else None
+            raise WorkloadError(ref, missing_submodule(ref, parent, where, name, siblings)) from exc
         raise WorkloadError(ref, f"a module that imports: importing {module_name!r} failed with "
                                  f"ModuleNotFoundError: {exc}{_where(exc)}; install that package in the job's "
                                  "environment") from exc
@@ -83,11 +89,12 @@ def build_user_workload(ref: str, cfg: Any, device: Any):
     module_name, _, attr_path = ref.partition(":")
     if not module_name or not attr_path:
         raise WorkloadError(ref, f"'package.module:callable', e.g. my_model.model:build; see {DOC}")
-    target: Any = _import(ref, module_name)
+    module = _import(ref, module_name)
+    target: Any = module
     for part in attr_path.split("."):
         if not hasattr(target, part):
-            raise WorkloadError(ref, f"a callable that exists: {module_name} ({getattr(target, '__file__', '?')}) "
-                                     f"has no {attr_path!r} (no attribute {part!r}); fix the name after ':'")
+            where = getattr(module, "__file__", None) or "?"
+            raise WorkloadError(ref, missing_callable(ref, where, part, dir(target)))
         target = getattr(target, part)
     if not callable(target):
         raise WorkloadError(ref, f"a callable: {attr_path!r} in {module_name} is a {type(target).__name__}")

@@ -3,7 +3,8 @@
 * A DeepSpeed CPU job in a tight cgroup (1 CPU, 2 GB), started from an empty HOME and empty per-user caches
   (so only what the set-up step prepared can be found), reaches its first training step within 60 s of
   starting, and leaves nothing behind in HOME or in a torch extensions directory.
-* The same job with the op unprepared fails within 60 s with exit 72 and the command that fixes it;
+* The same job with the op unprepared is refused by submit (exit 2, naming the fix); submitted anyway
+  (``--force``), it fails within 60 s with exit 72 and the command that fixes it;
   ``diagnose`` names it ``env_error``, and the watcher stops the run instead of requeueing it.
 """
 from __future__ import annotations
@@ -79,7 +80,15 @@ def test_a_job_in_a_tight_cgroup_with_empty_home_reaches_its_first_step_within_6
 
 def test_an_unprepared_op_fails_fast_is_diagnosed_and_never_requeued(root, tmp_path):
     env = clean_user_env(tmp_path, **{OPS_DIR_ENV: str(tmp_path / "never_prepared")})
-    run_dir, job, out = submit_and_wait(root, env)
+    # submit refuses it first (exit 2, the fix named, nothing created) ...
+    refused = run_cli("-m", "hpc_agent.submit", "quickstart", "--executor", "slurm", f"run.runs_root={root}", *TIGHT,
+                      env=env, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "DeepSpeed op deepspeed_shm_comm is not prepared" in refused.stderr
+    assert "-m hpc_agent.prepare" in refused.stderr and "Traceback" not in refused.stderr
+    assert not root.exists() or not any(root.iterdir())
+    # ... and a job submitted anyway (--force) is stopped by its own guard, in seconds
+    run_dir, job, out = submit_and_wait(root, env, "--force")
     row = allocation(job)
     assert row["State"] == "FAILED" and row["ExitCode"] == "72:0", row
     assert int(row["ElapsedRaw"]) <= 60, row

@@ -154,7 +154,9 @@ def test_wheel_install_finds_its_packaged_configs(wheel_venv, outside):
 def test_wheel_install_submit_dry_run(wheel_venv, outside, executor):
     cwd, env = outside
     python = wheel_venv / "bin" / "python"
-    result = run([python, "-m", "hpc_agent.submit", "quickstart", "--dry-run", "--executor", executor], cwd=cwd, env=env)
+    # --force: a new venv has no DeepSpeed ops prepared, which submit otherwise refuses (exit 2) before prepare
+    result = run([python, "-m", "hpc_agent.submit", "quickstart", "--dry-run", "--force", "--executor", executor],
+                 cwd=cwd, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert re.search(r"^  name: quickstart$", result.stdout, re.M), result.stdout  # the packaged quickstart.yaml
@@ -231,7 +233,8 @@ def test_wheel_init_then_dry_run_uses_the_copied_template(wheel_venv, project):
     assert again.returncode == 0 and "unchanged" in again.stdout, again.stdout + again.stderr
 
     add_setup_line(cwd / "sbatch_templates" / "default.yaml", MARK)
-    dry = run([agent, "submit", "hpc_agent.yaml", "--dry-run", "--executor", "slurm"], cwd=cwd, env=env)
+    # --force: until prepare runs, the new venv's DeepSpeed ops are not prepared, which submit otherwise refuses
+    dry = run([agent, "submit", "hpc_agent.yaml", "--dry-run", "--force", "--executor", "slurm"], cwd=cwd, env=env)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "Traceback" not in dry.stderr
     assert f"\n{MARK}\n" in dry.stdout  # the project's template, not the shipped one

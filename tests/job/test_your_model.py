@@ -69,8 +69,13 @@ def test_dotted_callable(package):
 
 
 BAD = {
-    "missing module": ({}, "{name}.nope:build", ["was not found", "PYTHONPATH"]),
+    "missing module": ({}, "{name}.nope:build", ["was not found", "has no module 'nope'", "fix the module path"]),
+    "mistyped module": ({"model.py": "def build(cfg, device):\n    pass\n"}, "{name}.modle:build",
+                        ["has no module 'modle'", "did you mean ", ".model:build?"]),
+    "not a package": ({"m.py": "x = 1\n"}, "{name}.m.sub:build", ["is a module, not a package"]),
     "missing callable": ({"m.py": "x = 1\n"}, "{name}.m:build", ["has no 'build'", "fix the name after ':'"]),
+    "mistyped callable": ({"m.py": "def build(cfg, device):\n    pass\n"}, "{name}.m:biuld",
+                          ["has no 'biuld'", "did you mean ", ".m:build?"]),
     "not callable": ({"m.py": "build = 3\n"}, "{name}.m:build", ["is a int"]),
     "missing dependency": ({"m.py": "import not_installed_dep_xyz\n"}, "{name}.m:build",
                            ["not_installed_dep_xyz", "install that package"]),

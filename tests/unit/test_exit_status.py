@@ -143,7 +143,6 @@ def watch_busy(e: Env) -> List[str]:
 def fake_ops(e: Env, prepare=None, missing: bool = False) -> None:
     """launch.ops without torch: the few names prepare uses."""
     ops = types.ModuleType("launch.ops")
-    ops.DEFAULT_OPS = {"cpu": ["shm"]}
     ops.current_runtime = lambda: types.SimpleNamespace(accelerator="cpu", describe=lambda: "cpu (stand-in)")
     ops.resolve_builders = lambda names: [types.SimpleNamespace(name=n) for n in names]
     ops.prepare = prepare or (lambda names, root, force, log: set(names))
