@@ -347,6 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     if args.script_only:  # stdout is the script alone (> job.sh); what a dry run says besides goes to stderr
         print(script)
+        for _, line in checked.lines:  # what submit checked before the queue wait, or why it did not
+            print(f"# {line}", file=sys.stderr)
         print(f"# Dry run: nothing was created or submitted. The script's paths point into {run_dir}, which only a "
               "real submit creates.", file=sys.stderr)
         return 0
