@@ -99,7 +99,8 @@ def test_script_only_redirected_is_exactly_the_job_script(tmp_path, flags):
     assert "memory:" in proc.stderr and "nothing was created or submitted" in proc.stderr
     assert not runs.exists()
     full = run_cli("-m", "hpc_agent.submit", "quickstart", "--dry-run", "--executor", "slurm", f"run.runs_root={runs}")
-    shown = full.stdout.split("# Job script (sbatch)\n", 1)[1].split("# Dry run:", 1)[0]
+    end = 'exit "$hpc_agent_rc"\n'  # the script's last line: what --dry-run prints after it is about the checks
+    shown = full.stdout.split("# Job script (sbatch)\n", 1)[1].split(end, 1)[0] + end
     import re
 
     def same_run(t: str) -> str:  # the two dry runs may name their run ids a second apart
