@@ -82,7 +82,7 @@ NAMES: Mapping[int, str] = {EXIT_OK: "ok", **{m.code: m.name for m in _TABLE if 
 # killer hit (the state is then OUT_OF_MEMORY).
 SLURM_OOM_SIGNAL = 125
 
-_ANNOUNCED = re.compile(r"\[hpc_agent\].*\b[Ee]xiting (\d+)\b")
+_ANNOUNCED = re.compile(r"\[hpc_agent\].{0,200}\b[Ee]xiting (\d+)\b")  # bounded: a job-written line may repeat the tag
 
 
 def cause_for_exit(exit_status: Optional[int], signal: Optional[int],
@@ -99,7 +99,7 @@ def announced_exit_code(lines: Iterable[str]) -> Optional[Tuple[int, str]]:
     """The last ``[hpc_agent] ... exiting N`` line of a log: (N, line), or None."""
     found = None
     for line in lines:
-        m = _ANNOUNCED.search(line)
+        m = _ANNOUNCED.search(line[:2048]) if "[hpc_agent]" in line else None
         if m:
             found = (int(m.group(1)), line.strip())
     return found

@@ -26,8 +26,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hpc_agent.core.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.core.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
 from hpc_agent.core.rundir import LogText
-from hpc_agent.diagnosis.logscan import (FAILED_EXIT, FAULT, HINT, KILL, NORMAL_EXIT, Finding, hint_reason,
-                                         parse_timestamp, scan_logs, since_last_repair, split_attempts,
+from hpc_agent.diagnosis.logscan import (FAILED_EXIT, FAULT, HINT, KILL, MAX_LINE_CHARS, NORMAL_EXIT, Finding,
+                                         hint_reason, parse_timestamp, scan_logs, since_last_repair, split_attempts,
                                          split_by_time)
 from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.slurm.sacct import Attempt, job_key_of
@@ -408,7 +408,7 @@ def classify_logs(logs: Sequence[LogText], alarms: Sequence[Alarm] = (), job_id:
         root = plain_cancel[0]  # Slurm's "CANCELLED AT" with no reason: a person's scancel
     if root is None:
         done = [(i, n, line) for i, log in enumerate(logs) for n, line in log.numbered_lines()
-                if NORMAL_EXIT.search(line)]
+                if NORMAL_EXIT.search(line[:MAX_LINE_CHARS])]
         failed = any(FAILED_EXIT.search(f.line) for f in hints)  # a non-zero exit: not completed
         if done and not failed:  # nothing went wrong and the process said it finished (a warning at exit is no failure)
             i, n, line = done[-1]

@@ -76,7 +76,7 @@ _KILLS: Sequence[Tuple[Cause, Pattern[str]]] = (
     (Cause.TIMEOUT, _rx(r"\[hpc_agent\] signal SIGUSR2 at step")),
     # ...unless the job saw plenty of time left: then SIGUSR2 was Slurm's preemption notice
     # (SlurmctldParameters=preempt_send_user_signal sends the job's --signal when preemption starts).
-    (Cause.PREEMPTED, _rx(r"\[hpc_agent\] SIGUSR2 with .* left before the time limit: a preemption notice")),
+    (Cause.PREEMPTED, _rx(r"\[hpc_agent\] SIGUSR2 with .{0,200} left before the time limit: a preemption notice")),
 )
 _USR2_SAVE = _rx(r"\[hpc_agent\] signal SIGUSR2 at step")
 _USR2_PREEMPTION = _rx(r"a preemption notice")
@@ -100,7 +100,7 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                           r"ninja: build stopped|Error building extension '|Command '\['ninja'|"
                           r"error: command '\S*(?:gcc|g\+\+|c\+\+|nvcc)\S*' "
                           r"failed|nvcc fatal|CUDA_HOME does not exist|MissingCUDAException|"
-                          r"execve\(\): [^:]+: No such file or directory|\b[\w./-]+: command not found|\bsh: \d+: \S+: not found|"
+                          r"execve\(\): [^:]{1,255}: No such file or directory|: command not found\b|\bsh: \d+: \S+: not found|"
                           r"\bcd: \S+: No such file or directory|usable \"?[\w.-]+\"? command in its path|"
                           r"No such file or directory: '(?:[\w./-]*/)?(?:torchrun|deepspeed|accelerate|srun|python\d?(?:\.\d+)?|"
                           r"nvidia-smi|mpirun|ninja)'|"
@@ -114,14 +114,14 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                           r"(?:is not installed|was not found)\.? [Pp]lease (?:install|see)")),
     (Cause.GPU_HW_ERROR, _rx(r"uncorrectable ECC error|ECCUncorrectable|fallen off the bus|GPU is lost|"
                              r"NVML_ERROR_GPU_IS_LOST|Unable to determine the device handle for GPU|"
-                             r"GPU health\b.*\bCRITICAL|CUDA error: unknown error|uncorrectable NVLink error|"
+                             r"GPU health\b.{0,200}\bCRITICAL|CUDA error: unknown error|uncorrectable NVLink error|"
                              r"RmInitAdapter failed|GPU requires reset|HW Exception by GPU|reason ?:GPU Hang|"
                              r"amdgpu_job_timedout|amdgpu: GPU reset begin|MES might be in unrecoverable state|"
                              r"CUDA-capable device\(s\) (?:is|are)(?:/are)? busy or unavailable", re.I)),
     # /dev/shm full: data-loader workers pass batches through it, NCCL puts its intra-node buffers there.
     # Before host memory: a worker's "Bus error" is its symptom, and the fix differs (fewer workers, --shm-size).
     (Cause.SHM_EXHAUSTED, _rx(r"out of shared memory|insufficient shared memory|shared memory limit|"
-                              r"unable to write to file </torch_|/dev/shm\S*.*No space left|"
+                              r"unable to write to file </torch_|/dev/shm\S*.{0,200}No space left|"
                               r"failed to extend /dev/shm|unable to allocate shared memory|"
                               r"(?:^|\W)Bus error\b|signal: Bus error|SIGBUS|"
                               r"DataLoader worker \(pid\(s\)? [\d, ]+\) exited unexpectedly", re.I)),
@@ -129,7 +129,7 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # SIGKILL with no other sender (a scancel or a time limit comes with Slurm's own line, which wins).
     (Cause.HOST_OOM, _rx(r"oom[-_]kill|Detected \d+ oom|[Ee]xceeded (?:job |step )?memory limit|"
                          r"task \d+: Out Of Memory|DefaultCPUAllocator: (?:not enough memory|can't allocate)|"
-                         r"is killed by signal: Killed|Killed process \d+ .*total-vm|"
+                         r"is killed by signal: Killed|Killed process \d+ .{0,200}total-vm|"
                          r"memory allocation of \d+ bytes failed|std::bad_alloc|Cannot allocate memory|"
                          r"^(?:\S+: )?MemoryError\b|"
                          r"exitcode\s*:\s*-9\b|[Ss]ignal 9 \(SIGKILL\)|return code = -9\b|killed by signal 9\b|"
@@ -139,7 +139,7 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # Before NCCL: NCCL reports a CUDA OOM inside a collective as "Cuda failure 2 'out of memory'".
     (Cause.GPU_OOM, _rx(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
                         r"Cuda failure \d* ?'?out of memory|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory|"
-                        r"THCudaCheck FAIL.*out of memory|ran out of memory on GPU|cudaErrorMemoryAllocation|"
+                        r"THCudaCheck FAIL.{0,200}out of memory|ran out of memory on GPU|cudaErrorMemoryAllocation|"
                         r"RESOURCE_EXHAUSTED: (?:Out of memory|Attempting to (?:reserve|allocate)|OOM)|"
                         r"CUDNN_STATUS_NOT_INITIALIZED|CUDNN_STATUS_ALLOC_FAILED")),
     (Cause.DIVERGED, _rx(r"loss scale already at minimum|cannot decrease scale anymore|[Mm]inimum loss scale reached|"
@@ -157,14 +157,14 @@ _FAULTS: Sequence[Tuple[Cause, Pattern[str]]] = (
                            r"NCCL watchdog thread terminated|WorkNCCL::checkTimeout|ncclCommWatchdog|"
                            r"watchdog got stuck for \d+ seconds|flight recorder dump signal|"
                            r"dump signal due to a collective timeout|"
-                           r"NCCL WARN .*(?:[Cc]onnection (?:closed|reset)|timed? ?out|NET/IB|[Cc]ompletion|"
+                           r"NCCL WARN .{0,200}(?:[Cc]onnection (?:closed|reset)|timed? ?out|NET/IB|[Cc]ompletion|"
                            r"remote process exited|unhandled system error)|"
                            r"Connection closed by peer|Connection reset by peer|"
-                           r"ProcessGroup\w*.*timed out|Timed out waiting for .*(?:rank|peer)|"
-                           r"IBV_WC_\w+|ibv_poll_cq|Gloo.*(?:timed out|Connection closed)|"
+                           r"ProcessGroup\w*.{0,200}timed out|Timed out waiting for .{0,200}(?:rank|peer)|"
+                           r"IBV_WC_\w+|ibv_poll_cq|Gloo.{0,200}(?:timed out|Connection closed)|"
                            r"RendezvousTimeoutError|Socket Timeout|no algorithm/protocol available|"
-                           r"NCCL WARN .*Cuda failure|Gloo connectFullMesh failed|ibv_\w+ failed|"
-                           r"NET/IB\s*: .*(?:failed|error)")),
+                           r"NCCL WARN .{0,200}Cuda failure|Gloo connectFullMesh failed|ibv_\w+ failed|"
+                           r"NET/IB\s*: .{0,200}(?:failed|error)")),
 )
 
 FAILED_EXIT = _rx(r"exits with return code = -?[1-9]|[Ee]xit(?:ed with)? (?:exit )?code -?[1-9]|exitcode\s*:\s*-?[1-9]|"
@@ -194,10 +194,10 @@ _HINTS: Sequence[Tuple[Cause, str, Pattern[str]]] = (
     (Cause.HOST_OOM, "srun reports a task SIGKILLed: the OOM killer, or srun ending a step whose other task failed",
      _rx(r"srun: error: \S+: tasks? [\d,-]+: Killed")),
     (Cause.DIVERGED, "gradient overflow: fp16 loss scaling backed off (normal early on; a run of them means trouble)",
-     _rx(r"OVERFLOW!|overflow detected|Found NaN|Gradient overflow|[Oo]verflow.*[Ss]kipping")),
+     _rx(r"OVERFLOW!|overflow detected|Found NaN|Gradient overflow|[Oo]verflow.{0,200}[Ss]kipping")),
 )
 NORMAL_EXIT = _rx(r"\b[Tt]raining (?:is )?(?:finished|complete[d]?|done)\b|\b[Ff]inished training\b|\btrain_runtime\b|"
-                  r"\[hpc_agent\] .*\bexiting 0\b|\.\.\. passed\s*$|\ball tests passed\b|"
+                  r"\[hpc_agent\] .{0,200}\bexiting 0\b|\.\.\. passed\s*$|\ball tests passed\b|"
                   r"destroy_process_group\(\) was not called before program exit|"
                   r"process group has NOT been destroyed before it is being destructed")
 """Lines a process prints when it finished its work or reached a normal interpreter exit (PyTorch's warnings about
@@ -234,7 +234,7 @@ _RANK_IN_LINE = _rx(r"\[\s*[Rr]ank\s*(\d+)(?:/\d+)?\s*\]|^\s*(\d+):\s|global_ran
 _RANK_IN_NAME = _rx(r"_(\d+)_log\.(?:out|err)$")
 _STEP = _rx(r"\bstep[\s=:]*(\d+)", re.I)
 _HOST_FOR_RANK = (
-    _rx(r"hostname=(?P<host>[\w.-]+),.*global_rank=(?P<rank>\d+)"),  # submitit "Starting with JobEnvironment(...)"
+    _rx(r"hostname=(?P<host>[\w.-]+),.{0,200}global_rank=(?P<rank>\d+)"),  # submitit "Starting with JobEnvironment(...)"
     _rx(r"\[rank (?P<rank>\d+)(?:/\d+)?\] host=(?P<host>[\w.-]+)"),  # launch/train.py's first line
     _rx(r"srun: error: (?P<host>[\w.-]+): task (?P<rank>\d+):"),
 )
@@ -248,7 +248,7 @@ _SYSLOG_TS = _rx(r"\b(" + "|".join(_MONTHS) + r") +(\d{1,2}) (\d{2}):(\d{2}):(\d
 
 # Where a new attempt starts in an appended log; the first kind found in a file is used to cut it.
 ATTEMPT_START_MARKERS: Sequence[Pattern[str]] = (
-    _rx(r"submitit INFO \(.*\) - Starting with JobEnvironment"),
+    _rx(r"submitit INFO \(.{0,80}\) - Starting with JobEnvironment"),
     _rx(r"^\s*\[rank \d+/\d+\] host=\S+ job=\S+"),
 )
 
@@ -348,8 +348,19 @@ _NCCL_INFO = _rx(r"\bNCCL INFO\b")
 """NCCL's informational lines (``NCCL_DEBUG=INFO``): a plugin it could not load, a transport it chose. Never a fault."""
 
 
+MAX_LINE_CHARS = 2048
+"""A longer line is judged by its first and last KiB: the patterns look for short phrases, and a line a job
+wrote may be megabytes (a progress bar without newlines, a dumped tensor)."""
+
+
+def _bounded(line: str) -> str:
+    half = MAX_LINE_CHARS // 2
+    return line if len(line) <= MAX_LINE_CHARS else line[:half] + " ... " + line[-half:]
+
+
 def _classify_line(line: str) -> Optional[Tuple[Cause, str, Optional[str]]]:
     """(cause, kind, node named by the kill line) for one line, or None. Kind is KILL, FAULT or HINT."""
+    line = _bounded(line)
     if _NCCL_INFO.search(line):
         return None
     m = _SLURM_CANCEL.search(line)
@@ -439,7 +450,7 @@ def scan_log(log: LogText, source_index: int = 0, known_nodes: Sequence[str] = (
     in_traceback = False
     scales: List[float] = []  # the fp16 loss scale after each overflow of the current run of them
     for line_no, raw in log.numbered_lines():
-        line = raw.rstrip()
+        line = _bounded(raw.rstrip())
         body = _PREFIX.sub("", line, count=1)
         # Inside a traceback the indented lines are source code ('raise FloatingPointError("loss is nan")'),
         # not messages: only the exception line that ends it speaks.

@@ -265,6 +265,31 @@ def test_log_tail_scanner_is_total(scratch, texts, truncated):
     assert isinstance(findings, list) and isinstance(pieces, list)
 
 
+@pytest.mark.parametrize("unit", ["a.", "a/b-", "NCCL WARN ", "Gloo ", "Timed out waiting for ", "overflow ",
+                                  "[hpc_agent] ", "hostname=a,", "ProcessGroup "])
+def test_log_scanner_is_linear_on_crafted_lines(scratch, unit):
+    """A job writes its log: one phrase repeated over a 1 MiB line, or over many 8 KiB lines, must not make a
+    pattern scan the rest of the line from every copy (found in issue 43: '[\\w./-]+: command not found' took
+    20 s on 100 KB of 'a.a.a.')."""
+    from hpc_agent.diagnosis.classify import classify_job, classify_logs
+    from hpc_agent.diagnosis.logscan import scan_logs
+    from hpc_agent.slurm.sacct import group_attempts
+    from hpc_agent.slurm.sacct_read import read_sacct_text
+
+    (attempts,) = group_attempts(read_sacct_text("JobID|State|ExitCode\n7|FAILED|1:0\n")).values()
+
+    folder = scratch("crafted")
+    for name, text in (("long", unit * ((1 << 20) // len(unit))),
+                       ("many", ((unit * (8192 // len(unit))) + "\n") * 120)):
+        path = folder / f"7_0_{name}.out"
+        _write(path, text)
+        log = rundir.tail_log(path, 1 << 20, within=folder)
+        with bounded(f"scan_logs on {name} lines of {unit!r}"):
+            scan_logs([log])
+            classify_logs([log])
+            classify_job(attempts, [log])
+
+
 # --- heartbeats -----------------------------------------------------------------------------------------------
 beat_fields = st.fixed_dictionaries({}, optional={name: json_values for name in heartbeat_format.Beat.__dataclass_fields__})
 heartbeats = st.one_of(
