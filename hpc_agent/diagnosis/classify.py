@@ -109,6 +109,27 @@ def choose_root(candidates: Sequence[Finding]) -> Optional[Finding]:
                                         f.line_no or 0))
 
 
+def choose_cause(candidates: Sequence[Finding]) -> Optional[Finding]:
+    """:func:`choose_root`, with the code-error rule: a code error needs an exception from the code and no
+    infrastructure signal in the same attempt (an OOM, a GPU fault, a kill next to it is the likelier story: the
+    exception is often their echo). One known to come after the exception is its consequence (a rank died, the
+    rest hung to the time limit)."""
+    root = choose_root(candidates)
+    if root is not None and root.cause == Cause.CODE_ERROR:
+        infra = [f for f in candidates if f.cause not in SECONDARY_FAULTS and _precedes(root, f) is not True]
+        root = choose_root(infra) or root
+    return root
+
+
+def _divergence_step(root: Finding, candidates: Sequence[Finding]) -> Optional[int]:
+    """The step a divergence began at: the root's own, else the earliest any divergence finding names."""
+    if root.cause != Cause.DIVERGED:
+        return None
+    if root.step is not None:
+        return root.step
+    return min((f.step for f in candidates if f.cause == Cause.DIVERGED and f.step is not None), default=None)
+
+
 def _alarm_findings(alarms: Sequence[Alarm]) -> List[Finding]:
     return [Finding(Cause.DIVERGED, FAULT, "tensorboard", None, None, a.detail, step=a.step) for a in alarms]
 
@@ -270,18 +291,9 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
     hints += _sigkill_findings(attempt)
     if state in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "REQUEUED"):
         candidates = [f for f in candidates if f.cause not in SECONDARY_FAULTS]
-    root = choose_root(candidates)
-    if root is not None and root.cause == Cause.CODE_ERROR:
-        # A code error needs an exception from the code and no infrastructure signal in the same attempt: an
-        # OOM, a GPU fault, a kill next to it are the likelier story (the exception often is their echo).
-        # (One known to come after the exception is its consequence: a rank died, the rest hung to the time limit.)
-        infra = [f for f in candidates if f.cause not in SECONDARY_FAULTS and _precedes(root, f) is not True]
-        root = choose_root(infra) or root
+    root = choose_cause(candidates)
     if root is not None:
-        step = root.step if root.cause == Cause.DIVERGED else None
-        if root.cause == Cause.DIVERGED and step is None:
-            steps = [f.step for f in candidates if f.cause == Cause.DIVERGED and f.step is not None]
-            step = min(steps) if steps else None
+        step = _divergence_step(root, candidates)
         extra = [f"slurm: {f.line}" for f in candidates if f.source == "sacct" and f is not root][:1] + cancel_note
         return result(root.cause, root, extra, bad_nodes=_bad_nodes(root, findings, attempt), divergence_step=step)
 
@@ -400,10 +412,7 @@ def classify_logs(logs: Sequence[LogText], alarms: Sequence[Alarm] = (), job_id:
     kills = [f for f in findings if f.kind == KILL and f.cause != Cause.CANCELLED]
     plain_cancel = [f for f in findings if f.cause == Cause.CANCELLED]
     candidates = [f for f in findings if f.cause != Cause.CANCELLED]
-    root = choose_root(candidates)
-    if root is not None and root.cause == Cause.CODE_ERROR:
-        root = choose_root([f for f in candidates if f.cause not in SECONDARY_FAULTS
-                            and _precedes(root, f) is not True]) or root
+    root = choose_cause(candidates)
     if plain_cancel and not kills and (root is None or root.cause in SECONDARY_FAULTS):
         root = plain_cancel[0]  # Slurm's "CANCELLED AT" with no reason: a person's scancel
     if root is None:
@@ -418,9 +427,7 @@ def classify_logs(logs: Sequence[LogText], alarms: Sequence[Alarm] = (), job_id:
                                  if not hints else [])
         evidence = _evidence(LOGS_ONLY_HEAD, None, findings, [f"hypothesis: {h}" for h in hypotheses])
         return Diagnosis(job_id, Cause.UNKNOWN, evidence, hypotheses=hypotheses)
-    step = root.step if root.cause == Cause.DIVERGED else None
-    if root.cause == Cause.DIVERGED and step is None:
-        step = min((f.step for f in candidates if f.cause == Cause.DIVERGED and f.step is not None), default=None)
+    step = _divergence_step(root, candidates)
     named = tuple(dict.fromkeys(f.node for f in findings if f.cause == root.cause and f.node and f.kind != HINT))
     return Diagnosis(job_id, root.cause, _evidence(LOGS_ONLY_HEAD, root, findings), bad_nodes=named[:4],
                      divergence_step=step, root=root)

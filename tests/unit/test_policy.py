@@ -196,18 +196,24 @@ def test_every_cause_has_a_decision(cause):
     assert ended.action in ACTIONS and ended.reason
 
 
-def test_shm_ladder_from_the_defaults_to_the_budget():
-    """Climb it as the watcher would: workers halved to none, then more --mem, until the per-cause budget (3)."""
-    config = cfg(**{"train.loader_workers": 2, "slurm.mem": "4G"})
+def climb(cause, config, each_rung=lambda config: None):
+    """Climb a ladder as the watcher would: resubmit with each patch, applied, until the policy stops.
+    ``each_rung`` checks every patched config. Returns (the patches, the stopping decision)."""
     history, rungs = [], []
     while True:
-        decision = decide("shm_exhausted", history, config, Situation(made_progress=False))
+        decision = decide(cause, history, config, Situation(made_progress=False))
         if decision.action == STOP:
-            break
+            return rungs, decision
         assert decision.action == RESUBMIT
         rungs.append(decision.patch)
         config = apply_patch(config, decision.patch)
-        history.append(past("shm_exhausted", patch=decision.patch, progress=False))
+        each_rung(config)
+        history.append(past(cause, patch=decision.patch, progress=False))
+
+
+def test_shm_ladder_from_the_defaults_to_the_budget():
+    """Climb it as the watcher would: workers halved to none, then more --mem, until the per-cause budget (3)."""
+    rungs, decision = climb("shm_exhausted", cfg(**{"train.loader_workers": 2, "slurm.mem": "4G"}))
     assert rungs == [{"train.loader_workers": 1}, {"train.loader_workers": 0}, {"slurm.mem": "6G"}]
     assert "retry budget for shm_exhausted used up" in decision.reason
 
@@ -221,17 +227,11 @@ def test_gpu_oom_ladder_from_the_defaults_to_exhaustion():
     """Climb the ladder as the watcher would: every rung keeps the global batch and validates."""
     config = cfg(**{"train.micro_batch_size": 16, "train.grad_accum_steps": 2, "slurm.tasks_per_node": 2,
                     "watch.max_retries": 20})
-    history = []
-    rungs = []
-    while True:
-        decision = decide("gpu_oom", history, config, Situation(made_progress=False))
-        if decision.action == STOP:
-            break
-        assert decision.action == RESUBMIT
-        rungs.append(decision.patch)
-        config = apply_patch(config, decision.patch)
-        assert config.train.micro_batch_size * config.train.grad_accum_steps == 32
-        history.append(past("gpu_oom", patch=decision.patch, progress=False))
+
+    def global_batch_kept(patched):
+        assert patched.train.micro_batch_size * patched.train.grad_accum_steps == 32
+
+    rungs, decision = climb("gpu_oom", config, global_batch_kept)
     assert rungs[:4] == [{"train.micro_batch_size": m, "train.grad_accum_steps": a}
                          for m, a in ((8, 4), (4, 8), (2, 16), (1, 32))]
     assert rungs[4:] == [{"train.activation_checkpointing": True}, {"train.zero_stage": 2}, {"train.zero_stage": 3},
