@@ -9,16 +9,15 @@ group). CI runs as root, so it can create one; a non-root run skips those tests 
 """
 from __future__ import annotations
 
-import grp
 import os
-import pwd
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Sequence
+from typing import Sequence
 
 import pytest
+
+from tests.helpers import users
 
 OTHER_USER = "hpcagent_mallory"
 SHARED_GROUP = "hpcagent_team"
@@ -35,36 +34,16 @@ class OtherUser:
     group_gid: int
 
     def run(self, argv: Sequence[str], cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}",
-                               f"--groups={self.group_gid}", "--", *argv],
-                              cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                              env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
-
-
-def _ensure_group(name: str) -> int:
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        subprocess.run(["groupadd", name], check=True, capture_output=True, timeout=30)
-        return grp.getgrnam(name).gr_gid
+        return users.User(self.name, self.uid, self.gid, (self.group_gid,)).run(argv, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
 def other_user() -> OtherUser:
     """A second user in a group shared with root; needs root (CI) and useradd/setpriv."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a second, unprivileged user (CI runs as root)")
-    missing: List[str] = [tool for tool in ("useradd", "groupadd", "setpriv") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} to create and run as a second user")
-    group_gid = _ensure_group(SHARED_GROUP)
-    try:
-        entry = pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--groups", SHARED_GROUP,
-                        OTHER_USER], check=True, capture_output=True, timeout=30)
-        entry = pwd.getpwnam(OTHER_USER)
-    return OtherUser(OTHER_USER, entry.pw_uid, entry.pw_gid, SHARED_GROUP, group_gid)
+    if (why := users.why_not()) is not None:
+        pytest.skip(why)
+    user = users.ensure_user(OTHER_USER, groups=[SHARED_GROUP])
+    return OtherUser(user.name, user.uid, user.gid, SHARED_GROUP, user.groups[0])
 
 
 def share_with_group(path: Path, user: OtherUser) -> None:
