@@ -27,7 +27,7 @@ from hpc_agent.core.causes import SECONDARY_FAULTS, Cause
 from hpc_agent.core.exit_codes import EXIT_CODES, ExitCodeMeaning, announced_exit_code, cause_for_exit
 from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.logscan import (FAILED_EXIT, FAULT, HINT, KILL, MAX_LINE_CHARS, NORMAL_EXIT, Finding,
-                                         hint_reason, parse_timestamp, scan_logs, since_last_repair, split_attempts,
+                                         cancel_reason, hint_reason, parse_timestamp, scan_logs, since_last_repair, split_attempts,
                                          split_by_time)
 from hpc_agent.metrics.alarm_kinds import Alarm
 from hpc_agent.slurm.sacct import Attempt, job_key_of
@@ -204,7 +204,6 @@ def _evidence(head: str, root: Optional[Finding], findings: Sequence[Finding],
     return tuple(dict.fromkeys(lines))
 
 
-_TASK_FAILURE = re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT \S+ DUE TO TASK FAILURE")
 _SIGKILLED = "exit {code} (SIGKILL) with no reason from Slurm: most often the kernel's OOM killer"
 
 
@@ -252,7 +251,7 @@ def classify_attempt(attempt: Optional[Attempt], logs: Sequence[LogText] = (), a
         warnings = [f"warning: {f.where()}: {f.line}" for f in findings if f.cause == Cause.DIVERGED][:2]
         return result(Cause.RUNNING, extra=warnings)
     announced = announced_exit_code(line for log in logs for line in log.text.splitlines())
-    task_failure = [line for log in logs for line in log.text.splitlines() if _TASK_FAILURE.search(line)]
+    task_failure = [line for log in logs for line in log.text.splitlines() if cancel_reason(line) == "TASK FAILURE"]
     step_ended = [r for r in attempt.steps if r.state in ("FAILED", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL")
                   and r.step not in ("batch", "extern")]
     if state == "COMPLETED" and not (announced and announced[0] != 0) and not task_failure and not step_ended:

@@ -358,6 +358,13 @@ def _bounded(line: str) -> str:
     return line if len(line) <= MAX_LINE_CHARS else line[:half] + " ... " + line[-half:]
 
 
+def cancel_reason(line: str) -> Optional[str]:
+    """The reason Slurm's ``*** STEP|JOB <id> ON <node> CANCELLED AT <time> DUE TO <REASON> ***`` line gives
+    (``"TASK FAILURE"``, ``"TIME LIMIT"``, ...), ``""`` when it names none, None for any other line."""
+    m = _SLURM_CANCEL.search(_bounded(line))
+    return None if m is None else (m.group("why") or "")
+
+
 def _classify_line(line: str) -> Optional[Tuple[Cause, str, Optional[str]]]:
     """(cause, kind, node named by the kill line) for one line, or None. Kind is KILL, FAULT or HINT."""
     line = _bounded(line)
