@@ -266,6 +266,15 @@ def precheck(cfg, cwd: Path, force: bool) -> Prechecks:
         out.lines.append((logging.WARNING, f"DeepSpeed ops (--force: submitted anyway): {detail}"))
     else:
         out.lines.append((logging.INFO if level in (OK, SKIP) else logging.WARNING, f"DeepSpeed ops: {detail}"))
+    if cfg.container.runtime != "none":  # the image's Python, where that is cheap here (checks/image_python.py)
+        from hpc_agent.checks.image_python import check_locally
+
+        level, _, detail = check_locally(cfg)
+        if level == FAIL and not force:
+            out.environment.append(f"image python: {detail} (submit --force submits anyway)")
+        else:
+            quiet = level == OK or detail.startswith("not checked")
+            out.lines.append((logging.INFO if quiet else logging.WARNING, f"Image python: {detail}"))
     return out
 
 

@@ -5,8 +5,13 @@ container image may lack hpc_agent's dependencies; either way the job dies at it
 its wait in the queue. This check runs one short ``srun`` on the config's partition/account/qos (an
 argv list through :class:`hpc_agent.slurm.cli.SlurmCLI`; ``--immediate`` so it never waits in the queue,
 a subprocess timeout, a one-minute time limit) that imports hpc_agent and submitit with the job's
-interpreter, inside the container when there is one, and reports OK, FAIL with the fix, or WARN when it
-could not be checked (no Slurm, no free node at once, timeout): never a hang.
+interpreter, and reports OK, FAIL with the fix, or WARN when it could not be checked (no Slurm, no free
+node at once, timeout): never a hang.
+
+In a container the probe runs as the job will: hpc_agent's code copied into a ``lib/`` folder under
+``run.runs_root`` (``hpc_agent.jobs.container_lib``, removed afterwards), mounted and on ``PYTHONPATH`` alone,
+and it imports torch, DeepSpeed and hpc_agent's job side too; ``hpc_agent.checks.image_python`` has what
+the image must have and judges the answer (Python version against ``requires-python`` and this node's).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import sys
 import uuid
 from typing import Any, List, Optional, Sequence, Tuple
 
+from hpc_agent.checks import image_python
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.queries import own_jobs
 
@@ -41,7 +47,7 @@ def probe_code(repo: Optional[str]) -> str:
             "os.environ.get('SLURMD_NODENAME') or socket.gethostname(), '%d.%d' % sys.version_info[:2], sys.executable)")
 
 
-def probe_argv(cfg: Any, repo: str, name: str) -> Tuple[List[str], str]:
+def probe_argv(cfg: Any, repo: Optional[str], name: str) -> Tuple[List[str], str]:
     """The srun argv and the interpreter it runs, as the job would (pure)."""
     s, c = cfg.slurm, cfg.container
     argv = ["srun", f"--immediate={IMMEDIATE_S}", f"--job-name={name}", "--nodes=1", "--ntasks=1",
@@ -50,13 +56,18 @@ def probe_argv(cfg: Any, repo: str, name: str) -> Tuple[List[str], str]:
                           ("constraint", s.constraint), ("exclude", s.exclude)):
         if value:
             argv.append(f"--{option}={value}")
+    if c.runtime == "none":
+        python = str(s.python or sys.executable)
+        return argv + [python, "-c", probe_code(None)], python
+    # as the job: only the copied lib/ on PYTHONPATH (never this environment's), the image's own packages
+    argv[argv.index("--mem=512M")] = "--mem=1G"  # torch and DeepSpeed get imported: about 250 MB
+    argv.append(f"--export=ALL,PYTHONPATH={repo}")
     mounts = ",".join([f"{repo}:{repo}"] + [m if ":" in m else f"{m}:{m}" for m in map(str, c.mounts or [])])
     if c.runtime == "pyxis":
         argv += [f"--container-image={c.image}", f"--container-mounts={mounts}"]
     if c.runtime == "apptainer":
         argv += ["apptainer", "exec", "--bind", mounts, str(c.image)]
-    python = str(c.python) if c.runtime != "none" else str(s.python or sys.executable)
-    return argv + [python, "-c", probe_code(repo if c.runtime != "none" else None)], python
+    return argv + [str(c.python), "-c", image_python.probe_code(repo, image_python.MODULES)], str(c.python)
 
 
 def what(cfg: Any, python: str) -> str:
@@ -73,8 +84,11 @@ def classify(cfg: Any, python: str, rc: int, out: str, err: str) -> Tuple[str, s
     said = " / ".join(err_lines[-3:])[:400] or f"exit code {rc}"
     node_match = _NODE.search(err)
     node = node_match.group(1) if node_match else "the compute node"
+    probe = image_python.read_probe(out) if c.runtime != "none" else None
+    if probe is not None:
+        return image_python.verdict(subject, probe, image_python.requires_python(), "%d.%d" % sys.version_info[:2])
     marker = next((line.split() for line in out.splitlines() if line.startswith(MARKER)), None)
-    if rc == 0 and marker and len(marker) >= 4:
+    if rc == 0 and marker and len(marker) >= 4 and c.runtime == "none":
         _, host, version, exe = marker[:4]
         here = "%d.%d" % sys.version_info[:2]
         if version != here:
@@ -109,10 +123,32 @@ def classify(cfg: Any, python: str, rc: int, out: str, err: str) -> Tuple[str, s
 
 def check_job_python(cli: SlurmCLI, cfg: Any, repo: Optional[str] = None,
                      timeout_s: Optional[float] = None) -> Tuple[str, str, str]:
-    """(level, name, detail) for doctor; see the module docstring."""
-    if repo is None:
-        from hpc_agent.core.paths import code_root
-        repo = str(code_root())
+    """(level, name, detail) for doctor; see the module docstring. ``repo``: the folder the container's
+    probe imports hpc_agent from (None: a lib/ copied under run.runs_root for the probe, removed after)."""
+    if repo is None and cfg.container.runtime != "none":
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        from hpc_agent.core.filemodes import make_dir
+        from hpc_agent.jobs import container_lib
+
+        try:  # under the runs root: the job's run dir is there, so the compute nodes see it too
+            root = make_dir(Path(cfg.run.runs_root).expanduser().absolute())
+            tmp = Path(tempfile.mkdtemp(prefix=".doctor-lib-", dir=root))
+        except OSError as exc:
+            return skipped(f"cannot copy hpc_agent's code under run.runs_root for the container ({exc})")
+        try:
+            lib = container_lib.stage(tmp)["path"]
+            return _probe(cli, cfg, str(lib), timeout_s)
+        except (OSError, container_lib.LibError) as exc:
+            return skipped(f"cannot copy hpc_agent's code under run.runs_root for the container ({exc})")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return _probe(cli, cfg, repo, timeout_s)
+
+
+def _probe(cli: SlurmCLI, cfg: Any, repo: Optional[str], timeout_s: Optional[float]) -> Tuple[str, str, str]:
     name = f"hpc-agent-doctor-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     argv, python = probe_argv(cfg, repo, name)
     limit = timeout_s or (TIMEOUT_S if cfg.container.runtime == "none" else CONTAINER_TIMEOUT_S)

@@ -149,14 +149,15 @@ class ContainerConfig:
     another template than ``default``. Needs the slurm executor."""
 
     image: Optional[str] = None
-    """The image. pyxis: ``nvcr.io#nvidia/pytorch:24.05-py3`` (registry ``#`` image) or a squashfs path;
-    Apptainer: a ``.sif`` path or ``docker://...``. The image must have hpc_agent's dependencies installed
-    (see docs/containers.md)."""
+    """The image. pyxis: ``registry.example.com#team/train:py3.11`` (registry ``#`` image) or a squashfs path;
+    Apptainer: a ``.sif`` path or ``docker://...``. The image must have torch, DeepSpeed and hpc_agent's other
+    dependencies installed for a Python of the login node's minor version; hpc_agent's own code comes from
+    the run directory (see docs/containers.md)."""
 
     mounts: List[str] = field(default_factory=list)
-    """Host paths to mount, each ``SRC[:DST[:FLAGS]]`` (absolute paths). The run directory and hpc_agent's
-    code (and, for pyxis without ``workdir``, the directory you submit from) are always mounted at the same
-    path, so the job finds its run directory and snapshot where the login node put them."""
+    """Host paths to mount, each ``SRC[:DST[:FLAGS]]`` (absolute paths). The run directory (holding hpc_agent's
+    code, ``lib/``, and your code snapshot, ``code/``) and, for pyxis without ``workdir``, the directory you
+    submit from are always mounted at the same path, so the job finds them where the login node put them."""
 
     workdir: Optional[str] = None
     """Working directory inside the container (an absolute path); None: the directory you submitted from."""

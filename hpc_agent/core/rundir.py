@@ -19,6 +19,9 @@ Layout (one home for it; nothing else spells these names)::
                              attempt (train.command; launch/command.py), as $HPC_AGENT_DS_CONFIG
         code/                the snapshot of your code taken at submit (hpc_agent.jobs.code_snapshot), with
                              MANIFEST.json; first on the job's PYTHONPATH in every attempt
+        lib/                 a container job only: hpc_agent's job-side packages (hpc_agent, launch, submitit,
+                             cloudpickle) copied at each submission, with MANIFEST.json; on the container's
+                             PYTHONPATH instead of the host's site-packages (hpc_agent.jobs.container_lib)
         sbatch_templates/    <name>.yaml: a copy of the project's own template that submit used, so every
                              resubmission uses it too (only for a non-shipped one; hpc_agent.core.paths)
 
@@ -65,6 +68,7 @@ HEARTBEAT = "heartbeat"
 STACKS = "stacks"
 CODE = "code"
 CODE_MANIFEST = "MANIFEST.json"
+LIB = "lib"
 MARKERS = (CONFIG, RUN_JSON, TB, EVENTS)  # any one of them makes a folder a run directory
 
 CONFIG_MAX_BYTES = 4 << 20   # a resolved config is a few KiB; anything near this is not one
@@ -111,6 +115,10 @@ def slurm_dir(run_dir: Path) -> Path:
 
 def code_dir(run_dir: Path) -> Path:
     return Path(run_dir) / CODE
+
+
+def lib_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / LIB
 
 
 def ds_config_path(run_dir: Path, job_id: str, attempt: int) -> Path:

@@ -13,9 +13,12 @@ Where each value lands (docs/containers.md):
   <container.python> -u -m submitit.core._submit FOLDER``. submitit puts the ``python`` string it is
   given into the script unquoted, so :func:`job_python` shell-quotes every word of it exactly once.
 
-The mounts are the run directory, hpc_agent's code (``{repo}``) and, for pyxis without
-``container.workdir``, the submit directory (which Apptainer mounts by default), each at the same path,
-then ``container.mounts``. Both runtimes split the list at ',' and ':', so these paths may not hold them.
+The mounts are the run directory and, for pyxis without ``container.workdir``, the submit directory
+(which Apptainer mounts by default), each at the same path, then ``container.mounts``. Both runtimes split
+the list at ',' and ':', so these paths may not hold them. hpc_agent's code reaches the container inside
+the run directory: ``{repo}`` is ``<run dir>/lib`` in a container job (hpc_agent/jobs/container_lib.py, which
+submit fills), never the folder hpc_agent is installed in; that is the host's site-packages for a wheel
+install, whose torch and DeepSpeed would shadow the image's.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ def in_container(cfg: Config) -> bool:
 
 def mounts(cfg: Config, values: Mapping[str, str], cwd: str) -> List[str]:
     """The mount list (module docstring); ConfigError when a path we mount holds ',' or ':'."""
-    own = [("run.runs_root", values["run_dir"]), ("hpc_agent install folder", values["repo"])]
+    own = [("run.runs_root", values["run_dir"])]  # holds lib/ (hpc_agent's code) and code/ (the snapshot)
     config_dir = str(Path(values["config"]).parent)
     if not (config_dir + "/").startswith(values["run_dir"].rstrip("/") + "/"):
         own.append(("run.runs_root", config_dir))  # the config snapshot lives outside the run dir
@@ -61,17 +64,21 @@ def mounts(cfg: Config, values: Mapping[str, str], cwd: str) -> List[str]:
 
 
 def container_values(cfg: Config, values: Mapping[str, str], cwd: str | None = None) -> Dict[str, str]:
-    """The ``{image}``, ``{mounts}`` and ``{workdir}`` placeholder values (none outside a container, so a
-    template that uses them without one is an error naming the placeholder)."""
+    """The ``{image}``, ``{mounts}`` and ``{workdir}`` placeholder values, and ``{repo}`` pointed at the run's
+    ``lib/`` (none outside a container, so a template that uses the first three without one is an error
+    naming the placeholder)."""
     if not in_container(cfg):
         return {}
+    from hpc_agent.core.rundir import lib_dir
+
     if cwd is None:
         # The first submit's directory, kept in run.json: the watcher resubmits from wherever it runs.
         from hpc_agent.core.rundir import submit_workdir
 
         cwd = submit_workdir(Path(values["run_dir"])) if values.get("run_dir") else os.getcwd()
     c = cfg.container
-    return {"image": str(c.image), "mounts": ",".join(mounts(cfg, values, cwd)), "workdir": str(c.workdir or cwd)}
+    return {"image": str(c.image), "mounts": ",".join(mounts(cfg, values, cwd)), "workdir": str(c.workdir or cwd),
+            "repo": str(lib_dir(Path(values["run_dir"])))}
 
 
 def job_python(cfg: Config, values: Mapping[str, str], cwd: str | None = None) -> str:

@@ -18,6 +18,8 @@ from hpc_agent.core import rundir
 from hpc_agent.core.filemodes import group_of, make_dir, restricted_umask
 from hpc_agent.core.fsutil import atomic_write_json
 from hpc_agent.core.rundir import WORKDIR, read_run_json, submit_workdir
+from hpc_agent.jobs import container_lib
+from hpc_agent.jobs.containers import in_container
 from hpc_agent.jobs.executor import make_executor
 from hpc_agent.slurm.job_match import job_name_for
 from hpc_agent.state.ledger import Ledger
@@ -76,6 +78,8 @@ def submit_attempt(ledger: Ledger, run_id: str, run_dir: Path, cfg: Config, conf
         # folder is made here, and the umask is held (the local job inherits it, sbatch passes it on).
         make_dir(rundir.slurm_dir(run_dir))
         with restricted_umask(group_of(run_dir)):
+            if in_container(cfg):  # hpc_agent's code for the container's PYTHONPATH, as this process has it
+                container_lib.stage(run_dir)
             executor = make_executor(kind, rundir.slurm_dir(run_dir), cfg, run_id, run_dir, config_path)
             job = executor.submit(job_for(run_dir, cfg, config_path))
     except SbatchTimedOut:

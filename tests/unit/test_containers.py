@@ -60,8 +60,9 @@ def fake_bin(tmp_path):
     return bin_dir
 
 
-def run_script(tmp_path: Path, bin_dir: Path, script: str) -> Dict[str, List[str]]:
-    """Run ``script`` with bash -u in an empty folder; returns each stub's argv (and env, as 'NAME.env')."""
+def run_script(tmp_path: Path, bin_dir: Path, script: str, env: Dict[str, str] | None = None) -> Dict[str, List[str]]:
+    """Run ``script`` with bash -u in an empty folder (``env``: more of the batch shell's environment);
+    returns each stub's argv (and env, as 'NAME.env')."""
     work, dump = tmp_path / "work", tmp_path / "dump"
     work.mkdir()
     dump.mkdir()
@@ -70,7 +71,7 @@ def run_script(tmp_path: Path, bin_dir: Path, script: str) -> Dict[str, List[str
     proc = subprocess.run(["bash", "-u", str(path)], cwd=work, capture_output=True, text=True, timeout=30,
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin", "DUMP": str(dump), "HOME": str(tmp_path / "nohome"),
                                "EXECUTED": str(tmp_path / "executed"), "SLURM_JOB_ID": "123",
-                               "SLURM_CPUS_PER_TASK": "2"})
+                               "SLURM_CPUS_PER_TASK": "2", **(env or {})})
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
     assert not (tmp_path / "executed").exists(), "a value executed a command"
     assert list(work.iterdir()) == [], "the script created files where it ran"
@@ -117,8 +118,6 @@ def test_the_template_rule():
 def test_pyxis_script_with_hash_in_the_image_executes_nothing_unintended(image, fake_bin, tmp_path, monkeypatch):
     """Accepted values with shell-meaningful characters everywhere: '#', '@', '~' in the image; $(..),
     backticks, quotes, ';' and spaces in the run dir, the code folder, a mount and the submit directory."""
-    repo = hostile_path(tmp_path / "repo", "CANARY", "repo")
-    monkeypatch.setattr(executor, "code_root", lambda: repo)
     submit_dir = tmp_path / "sub $(touch CANARY-cwd) #x"
     submit_dir.mkdir()
     monkeypatch.chdir(submit_dir)
@@ -129,21 +128,19 @@ def test_pyxis_script_with_hash_in_the_image_executes_nothing_unintended(image, 
 
     seen = run_script(tmp_path, fake_bin, script)
     folder = rundir.slurm_dir(run_dir)
-    mounts = [f"{run_dir}:{run_dir}", f"{repo}:{repo}", f"{submit_dir}:{submit_dir}", mount]
+    mounts = [f"{run_dir}:{run_dir}", f"{submit_dir}:{submit_dir}", mount]
     assert seen["srun.argv"] == ["--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--kill-on-bad-exit=1",
                                  f"--container-image={image}", f"--container-mounts={','.join(mounts)}",
                                  f"--container-workdir={submit_dir}",
                                  "python", "-u", "-m", "submitit.core._submit", str(folder)]
     assert seen["python.argv"] == ["-u", "-m", "submitit.core._submit", str(folder)]
     env = _env(seen["python.env"])
-    assert str(repo) in env["PYTHONPATH"].split(":") and env["HPC_AGENT_RUN_DIR"] == str(run_dir)
+    assert env["PYTHONPATH"] == str(rundir.lib_dir(run_dir)) and env["HPC_AGENT_RUN_DIR"] == str(run_dir)
     assert "apptainer.argv" not in seen
 
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_apptainer_script_with_hash_in_the_image_executes_nothing_unintended(image, fake_bin, tmp_path, monkeypatch):
-    repo = hostile_path(tmp_path / "repo", "CANARY", "repo")
-    monkeypatch.setattr(executor, "code_root", lambda: repo)
     workdir = f"{tmp_path}/w $(touch CANARY-w) #1"
     cfg = _cfg("apptainer", image, f'container.workdir="{workdir}"', "slurm.gpus_per_node=1")  # quoted: YAML
     run_dir = hostile_path(tmp_path / "runs", "CANARY", "run")
@@ -151,13 +148,13 @@ def test_apptainer_script_with_hash_in_the_image_executes_nothing_unintended(ima
 
     seen = run_script(tmp_path, fake_bin, script)
     folder = rundir.slurm_dir(run_dir)
-    command = ["apptainer", "exec", "--nv", "--bind", f"{run_dir}:{run_dir},{repo}:{repo}", "--pwd", workdir,
+    command = ["apptainer", "exec", "--nv", "--bind", f"{run_dir}:{run_dir}", "--pwd", workdir,
                image, "python", "-u", "-m", "submitit.core._submit", str(folder)]
     assert seen["srun.argv"] == ["--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--kill-on-bad-exit=1",
                                  *command]
     assert seen["apptainer.argv"] == command[1:]
     assert seen["apptainer.argv"].count(image) == 1  # the image: exactly one word, as configured
-    assert str(repo) in _env(seen["apptainer.env"])["PYTHONPATH"].split(":")
+    assert _env(seen["apptainer.env"])["PYTHONPATH"] == str(rundir.lib_dir(run_dir))
     assert "python.argv" not in seen  # the fake apptainer ran nothing: only it was called
 
 
