@@ -26,6 +26,15 @@ if [ "$quick" = 1 ]; then
   paths=(tests/unit) what="--quick: tests/unit"
 else
   bash scripts/cluster.sh up
+  # One real container run (tests/cluster/test_container_run_slurm.py) needs podman and runc: Debian packages,
+  # installed here as root, best effort (without them that test skips and says why; apptainer, enroot and pyxis
+  # are not packaged for Debian bookworm, docs/containers.md).
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v podman && command -v runc; } >/dev/null; then
+    apt_log=/tmp/hpc-podman-apt.log
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc \
+        || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc; }; } >"$apt_log" 2>&1 \
+      || echo "[test] podman/runc could not be installed ($apt_log): the real container run will skip" >&2
+  fi
   # Slurm tests must run here: fail (not skip) if the cluster is not usable.
   export HPC_AGENT_REQUIRE_SLURM=1
   paths=(tests) what="tests/unit, tests/security, tests/job, tests/cluster"
