@@ -194,10 +194,11 @@ def _fsync(path: Path) -> None:
 def publish(staging: Path, out: Path) -> None:
     """Move the written files into place: the whole folder in one rename when ``out`` is absent or empty, else
     each file by ``os.replace`` (a reader sees an old file or the new one, never half of one)."""
-    for name in OUT_FILES:
-        _fsync(staging / name)
     umask = os.umask(0)
     os.umask(umask)
+    for name in OUT_FILES:
+        os.chmod(staging / name, 0o666 & ~umask)  # as any file the user writes (safetensors writes 0600)
+        _fsync(staging / name)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp made it 0700
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         os.replace(staging, out)
@@ -263,7 +264,8 @@ def run_export(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
-        log.info("export: consolidating %s (%s) ...", tag, ", ".join(f"{k} {v}" for k, v in layout.items()) or "?")
+        trained = ", ".join(f"{k} {v}" for k, v in layout.items()) or "?"  # job-written: printable only
+        log.info("export: consolidating %s (%s) ...", tag, "".join(c if c.isprintable() else "?" for c in trained))
         try:
             weights = export_weights(rundir.checkpoints_dir(run_dir) / tag, staging / WEIGHTS,
                                      lambda tied: export_plan.metadata(run_id, step, workload, tied))

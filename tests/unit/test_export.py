@@ -4,6 +4,7 @@ runs the real one on trained runs)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -127,6 +128,10 @@ def test_exports_the_newest_with_readme_and_config(tmp_path, stand_in, capsys):
     text = (out / "README.md").read_text()
     assert "| `eval/loss` | 2.5 |" in text and "| `train/loss` | 2.4 |" in text and "MLP(5, 3," in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "runs"]  # no staging folder left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        n: 0o666 & ~umask for n in ("README.md", "config.json", "model.safetensors")}
 
 
 def test_run_id_under_the_runs_root_and_best(tmp_path, stand_in, capsys):
