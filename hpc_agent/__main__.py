@@ -20,6 +20,7 @@ COMMANDS = {
     "chaos": "inject faults into a real run and check that the watcher recovers from each, with nothing lost",
     "prepare": "build the DeepSpeed ops jobs load, once, so that no job compiles",
     "config": "print the config reference; --list or --copy DIR: the shipped configs and templates",
+    "export": "one checkpoint of a run as model.safetensors + config.json + README.md",
     "init": "start a project here: a starter hpc_agent.yaml and sbatch_templates/ to edit",
 }
 

@@ -50,6 +50,7 @@ BY_COMMAND: Dict[str, Tuple[int, ...]] = {
     "sweep": (OK, USAGE, SLURM, BUSY, PAUSED),
     "chaos": (OK, FAILED, USAGE),
     "prepare": (OK, FAILED, USAGE, BUSY),  # BUSY: another prepare held the ops' lock past the wait
+    "export": (OK, USAGE),
     "init": (OK, USAGE),
     "config": (OK, USAGE),
 }

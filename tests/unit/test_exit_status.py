@@ -124,6 +124,15 @@ def sweep_paused(e: Env) -> List[str]:
     return ["quickstart", str(sweep_file(e)), f"run.runs_root={e.root}", "--poll", "0"]
 
 
+def export_ok(e: Env) -> List[str]:
+    """A run with two complete checkpoints; the torch half (the consolidation) is a stand-in."""
+    from hpc_agent import export
+    from tests.helpers.export_run import make_run, stand_in_weights
+
+    e.mp.setattr(export, "export_weights", stand_in_weights)
+    return [str(make_run(e.root)), "--out", str(e.tmp / "export-out")]
+
+
 def sweep_file(e: Env) -> Path:
     path = e.tmp / "s.yaml"
     path.write_text(SWEEP_FILE)
@@ -310,6 +319,8 @@ CASES = {
     ("prepare", USAGE): lambda e: (use_ops(e, None), [])[1],  # no torch/DeepSpeed
     ("prepare", BUSY): lambda e: (fake_ops(e, prepare=raising(TimeoutError("another prepare holds the lock"))),
                                   ["--ops-dir", str(e.tmp / "ops")])[1],
+    ("export", OK): export_ok,
+    ("export", USAGE): lambda e: [str(e.tmp / "nope"), "--out", str(e.tmp / "export-out")],
     ("init", OK): lambda e: [str(e.tmp / "project")],
     ("init", USAGE): init_conflict,
     ("config", OK): lambda e: ["--list"],
@@ -363,7 +374,8 @@ def test_version(command, capsys):
 
 
 CHATTER = {"submit": "executor: local", "prepare": "[prepare] ready", "watch": "[watch] following"}
-RESULTS = {"submit": "# Dry run: nothing was created", "diagnose": "evidence:", "sweep": "# Dry run",
+CHATTER_ON_STDERR = {"export"}  # its stdout is the result line alone
+RESULTS = {"export": "exported run run1 step 4", "submit": "# Dry run: nothing was created", "diagnose": "evidence:", "sweep": "# Dry run",
            "chaos": '"faults"', "config": "configs", "init": "next:"}
 
 
@@ -373,7 +385,8 @@ def test_verbose_adds_debug_lines(command, env, capsys):
         pytest.importorskip("optuna")
     argv = CASES[(command, OK)](env)
     assert invoke(command, argv + ["-v"]) == OK
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out + (captured.err if command in CHATTER_ON_STDERR else "")
     assert "[debug hpc_agent] hpc_agent " in out, out
     assert logging.getLogger("hpc_agent").level == logging.DEBUG
 
@@ -387,7 +400,8 @@ def test_quiet_keeps_results_and_drops_chatter(command, env, capsys):
     loud = capsys.readouterr().out
     if command in CHATTER:
         assert CHATTER[command] in loud
-    for path in [env.root / "sweeps", env.tmp / "project", env.tmp / "ops", env.tmp / "data.yaml"]:
+    for path in [env.root / "sweeps", env.tmp / "project", env.tmp / "ops", env.tmp / "data.yaml",
+                 env.tmp / "export-out"]:
         _remove(path)  # the same command again, from the same state
     assert invoke(command, argv + ["-q"]) == OK
     quiet = capsys.readouterr().out
