@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ from hpc_agent.cli.flags import add_common_arguments, configure, passthrough
 from hpc_agent.config.load import load_config, resolve_config_path, to_yaml, write_run_config
 from hpc_agent.config.problems import ConfigError, Problem
 from hpc_agent.core import paths, rundir
-from hpc_agent.core.redact import redact_command
 from hpc_agent.jobs import code_snapshot, place
 from hpc_agent.jobs.executor import EXECUTORS, local_parameters, make_run_id, render_job_script
 from hpc_agent.policy.preflight import REFUSE, WARN, MemoryVerdict, gpu_capacity, memory_verdict, render, sinfo_argv
@@ -255,6 +253,10 @@ def precheck(cfg, cwd: Path, force: bool) -> Prechecks:
         out.snapshot = code_snapshot.plan_for(cfg, cwd)
     except ConfigError as exc:
         out.code += exc.problems
+    for word in code_snapshot.left_out_args(out.snapshot, cfg.train.command or [], cwd):
+        out.lines.append((logging.WARNING, f"Code snapshot: {word} is here but not in the snapshot (an ignore file "
+                                           "leaves it out), and the command runs in the snapshot: give it as an "
+                                           "absolute path, or set train.snapshot_code=false (docs/your_script.md)"))
     found = workload_lookup.check(cfg, cwd)
     out.code += found.problems
     if found.detail:
@@ -364,19 +366,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         print("# Resolved config")
         print(to_yaml(cfg))
-        if cfg.train.command:  # command mode: what every rank will run, and where (docs/your_script.md)
-            where = cfg.container.workdir or os.getcwd()
-            shown = redact_command(cfg.train.command, cfg.env_origin.get("train.command", []), os.environ)
-            print(f"# Command (once per rank, in {where}): {shown}")
+        snapshot_lines = code_snapshot.dry_run_lines(snapshot, cfg, run_dir, Path.cwd())
+        for line in snapshot_lines[:-1] if snapshot is not None else snapshot_lines:  # the command, its folder
+            print(line)
         if script is not None:
             print("# Job script (sbatch)")
             print(script)
         else:
             print(f"# Local job: {cfg.slurm.tasks_per_node} task(s) on this machine, "
                   f"timeout {local_parameters(cfg)['timeout_min']} min")
-        if snapshot is not None:
-            print(f"# Code snapshot: {len(snapshot.files)} files ({snapshot.bytes / 1024:.1f} KiB) from "
-                  f"{snapshot.source} -> {rundir.code_dir(run_dir)}")
+        if snapshot is not None:  # what is copied (docs/your_script.md)
+            print(snapshot_lines[-1])
         for _, line in checked.lines:  # what submit checked before the queue wait, or why it did not
             print(f"# {line}")
         print("# Dry run: nothing was created or submitted.")

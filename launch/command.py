@@ -12,8 +12,9 @@ Per task, in this order:
 3. build the DeepSpeed config with ``launch.dsconfig.build_ds_config`` (the one place that turns ``train``
    into DeepSpeed's dict) and write it atomically to ``rundir.ds_config_path`` (every rank writes the same
    bytes through its own temp file, so no rank waits for another and no reader sees half a file);
-4. ``os.execvpe`` the argv with ``HPC_AGENT_*`` and torch.distributed's variables, in the directory submit
-   ran in (``run.json``'s ``workdir``) unless ``container.workdir`` is set (the runtime enters that one).
+4. ``os.execvpe`` the argv with ``HPC_AGENT_*`` and torch.distributed's variables, in the copy of the
+   directory submit ran in inside the code snapshot (:func:`command_argv`), else in that directory itself
+   (``run.json``'s ``workdir``), unless ``container.workdir`` is set (the runtime enters that one).
 
 exec, not a child: Slurm signals the task's pid, so the user's Python must *be* that process. Before the
 exec SIGTERM and SIGUSR2 are set to SIG_IGN (exec keeps an ignored signal ignored; submitit's Python
@@ -47,7 +48,8 @@ ENV_RUN_DIR = "HPC_AGENT_RUN_DIR"
 ENV_CKPT_DIR = "HPC_AGENT_CKPT_DIR"
 ENV_RESUME_TAG = "HPC_AGENT_RESUME_TAG"
 ENV_CONFIG = "HPC_AGENT_CONFIG"
-ENV_WORKDIR = "HPC_AGENT_WORKDIR"  # where the script runs (the submit directory or container.workdir)
+ENV_WORKDIR = "HPC_AGENT_WORKDIR"  # where the script runs (the snapshot's copy of the submit directory, the
+# submit directory, or container.workdir)
 ENV_LOADER_WORKERS = "HPC_AGENT_LOADER_WORKERS"  # train.loader_workers: the watcher halves it after shm_exhausted
 FORWARDED = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
@@ -147,17 +149,20 @@ def build_launch(cfg: Any, run_dir: Path, config_path: Path, denv: Any, *, on_cu
     return Launch(words, env, cwd, ds_config, path, notes, shown)
 
 
-def command_argv(cfg: Any, run_dir: Path) -> Tuple[List[str], Optional[Path]]:
-    """The command as it runs, and the snapshot folder: the script word pointed at the copy of the code taken
-    at submit (``hpc_agent.jobs.code_snapshot``, ``train.snapshot_code``), else the command as configured."""
-    from hpc_agent.core.code_manifest import read_manifest, snapshot_argv
+def command_argv(cfg: Any, run_dir: Path,
+                 workdir: Optional[str] = None) -> Tuple[List[str], Optional[Path], Optional[str]]:
+    """The command as it runs, the snapshot folder, and the folder it runs in: with the copy of the project
+    taken at submit (``hpc_agent.jobs.code_snapshot``, ``train.snapshot_code``) the script word points at its
+    copy and the command runs in the copy of the submit's folder (when that folder is inside the project);
+    else the command as configured, in ``workdir`` (the submit's folder)."""
+    from hpc_agent.core.code_manifest import read_manifest, snapshot_argv, snapshot_workdir
 
     argv = [str(w) for w in cfg.train.command]
     manifest = read_manifest(Path(run_dir)) if cfg.train.snapshot_code else None
     if manifest is None:
-        return argv, None
+        return argv, None, workdir
     code_dir = rundir.code_dir(Path(run_dir))
-    return snapshot_argv(argv, manifest, code_dir), code_dir
+    return snapshot_argv(argv, manifest, code_dir), code_dir, snapshot_workdir(manifest, code_dir) or workdir
 
 
 def prepare(run_dir: str, config_path: str, workdir: Optional[str],
@@ -186,7 +191,7 @@ def prepare(run_dir: str, config_path: str, workdir: Optional[str],
     denv = distributed.detect()
     layout = universal.layout_of(cfg.train, denv.world_size, precision)
     resume = plan_resume(rundir.checkpoints_dir(Path(run_dir)), layout)
-    argv, code_dir = command_argv(cfg, Path(run_dir))
+    argv, code_dir, workdir = command_argv(cfg, Path(run_dir), workdir)
     launch = build_launch(cfg, Path(run_dir), Path(config_path), denv, on_cuda=on_cuda, precision=precision,
                           resume=resume, workdir=workdir, environ=environ, argv=argv, code_root=code_root(),
                           code_dir=code_dir)
@@ -211,7 +216,7 @@ def become(launch: Launch, local: bool) -> int:
         try:
             os.chdir(launch.cwd)
         except OSError as exc:
-            say(f"cannot enter the submit directory {launch.cwd} ({exc}); exiting {EXIT_CONFIG}")
+            say(f"cannot enter the working directory {launch.cwd} ({exc}); exiting {EXIT_CONFIG}")
             return EXIT_CONFIG
     if launch.env.get("RANK") == "0":
         say(f"running {launch.shown or redact_command(launch.argv, [], launch.env)} in {os.getcwd()}")

@@ -197,6 +197,6 @@ def check_code(cfg: Any, cwd: str) -> Tuple[str, str, str]:
         return "FAIL", "code", "; ".join(f"{p.key}: {p.expected}" for p in exc.problems)
     if plan is None:
         return "WARN", "code", "no .py file of the command found under this directory: nothing will be snapshotted"
-    return "OK", "code", (f"{plan.source} ({len(plan.files)} files, {plan.bytes / 1024:.1f} KiB) is copied into the "
-                          "run directory at submit and runs in every attempt")
+    what = code_snapshot.summary(code_snapshot.plan_manifest(plan, Path(cwd)))
+    return "OK", "code", f"{plan.source} ({what}) is copied into the run directory at submit and runs in every attempt"
 

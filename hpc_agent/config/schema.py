@@ -196,9 +196,17 @@ class TrainConfig:
     directory, checkpoint directory and resume tag in the environment (docs/your_script.md)."""
 
     snapshot_code: bool = True
-    """Copy your code (the ``train.workload`` package, or the ``.py`` files of ``train.command``) into the
-    run directory at submit and run that copy in every attempt, so a requeue a day later runs the code you
-    submitted, not what the checkout holds then. Its content hash is in ``run.json``."""
+    """Copy your code (the ``train.workload`` package, or the project of ``train.command``'s script: its git
+    work tree's files, else its folder, less what ``.gitignore``/``.hpcignore`` leave out) into the run
+    directory at submit and run that copy in every attempt, so a requeue a day later runs the code you
+    submitted, not what the checkout holds then. Its content hash and git commit are in ``run.json``."""
+
+    snapshot_max_mib: int = 200
+    """The most the code snapshot may hold, in MiB: past it submit stops (exit 2) and names the biggest
+    folders and files, to leave out with ``.hpcignore`` (docs/your_script.md)."""
+
+    snapshot_max_files: int = 20000
+    """The most files the code snapshot may hold (as ``snapshot_max_mib``)."""
 
     max_steps: int = 100
     """Optimizer steps to train for."""
@@ -283,7 +291,8 @@ class TrainConfig:
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []
-        check_positive("train", self, ["max_steps", "micro_batch_size", "grad_accum_steps", "lr", "ckpt_every", "keep_checkpoints", "log_every", "reduce_bucket_size"], problems)
+        check_positive("train", self, ["max_steps", "micro_batch_size", "grad_accum_steps", "lr", "ckpt_every", "keep_checkpoints", "log_every", "reduce_bucket_size",
+                                            "snapshot_max_mib", "snapshot_max_files"], problems)
         if why := workload_problem(self.workload):
             problems.append(Problem("train.workload", self.workload, why))
         problems += command_problems(self.command)

@@ -201,7 +201,7 @@ def test_doc_example_runs_locally_and_resumes_from_its_checkpoint(tmp_path):
     assert "resumed at step 12" in log2 and "done at step 16" in log2, log2[-3000:]
     assert "[hpc_agent] step 12 loss" not in log2 and "[hpc_agent] step 13 loss" in log2
     assert complete_steps(run_dir)[-1] == 16
-    assert f"in {work}" in log2  # the recorded submit directory, not the test's
+    assert f"in {run_dir / 'code'}" in log2  # the snapshot's copy of the submit directory, not the test's
     # report_step's loss reaches TensorBoard with the built-in's tag, one value per step across both attempts
     # (what review's plots and the watcher's divergence alarms read).
     from hpc_agent.metrics.tb_reader import RunScalars

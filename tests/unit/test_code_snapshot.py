@@ -111,27 +111,12 @@ def test_workload_from_an_extension_or_builtin_module_is_refused(tmp_path):
         cs.workload_plan("sys:exit", tmp_path)
 
 
-@pytest.mark.parametrize("limit,value", [("MAX_FILES", 2), ("MAX_BYTES", 10)])
-def test_bounds(tmp_path, monkeypatch, limit, value):
+@pytest.mark.parametrize("limits", [cs.Limits(files=2), cs.Limits(bytes=10)])
+def test_bounds(tmp_path, limits):
     _tree(tmp_path, {"big_cs4/__init__.py": "", "big_cs4/a.py": "a = 1\n", "big_cs4/b.py": "b = 2\n"})
-    monkeypatch.setattr(cs, limit, value)
     with pytest.raises(ConfigError) as err:
-        cs.workload_plan("big_cs4.a:f", tmp_path)
-    assert "train.snapshot_code=false" in str(err.value) and "move data out" in str(err.value)
-
-
-def test_command_plan_takes_py_files_and_packages_only(tmp_path):
-    _tree(tmp_path, {"src/train.py": "", "src/util.py": "", "src/notes.txt": "", "src/pkg/__init__.py": "",
-                     "src/pkg/m.py": "", "src/pkg/data.bin": "", "src/pkg/sub/__init__.py": "",
-                     "src/pkg/sub/k.py": "", "src/pkg/plain/x.py": "", "src/data/x.py": "",
-                     "src/.venv/lib/y.py": "", "src/venv/pyvenv.cfg": "", "src/venv/__init__.py": "",
-                     "src/runs/__init__.py": "", "src/.hid/__init__.py": ""})
-    plan = cs.command_plan(["python", "src/train.py", "--x"], tmp_path, [tmp_path / "src" / "runs"])
-    assert plan.kind == "project" and plan.source == (tmp_path / "src").resolve()
-    assert [rel for _, rel in plan.files] == ["pkg/__init__.py", "pkg/m.py", "pkg/sub/__init__.py", "pkg/sub/k.py",
-                                              "train.py", "util.py"]
-    assert (plan.script, plan.argv_index) == ("train.py", 1)
-    assert cs.command_plan(["bash", "-c", "echo"], tmp_path) is None
+        cs.workload_plan("big_cs4.a:f", tmp_path, limits=limits)
+    assert "train.snapshot_code=false" in str(err.value) and ".hpcignore" in str(err.value)
 
 
 def test_plan_for_config(tmp_path):

@@ -27,6 +27,9 @@ POPEN_OWNED = {
         "the chaos driver's watcher: killed (sigkill/stop) by the driver, which waits with a timeout",
     ("hpc_agent/watcher/notifier.py", "send_command"):
         "a notify command: communicate() with the notification's deadline, then its whole session is killed",
+    ("hpc_agent/jobs/code_snapshot.py", "_run_bounded"):
+        "git ls-files/rev-parse/diff for the code snapshot: a timer kills it after GIT_TIMEOUT_S, and it is "
+        "killed as soon as its output passes the bound (so a huge diff is never read whole)",
     ("launch/command.py", "_run_child"):
         "the user's command under the local executor: it is the task itself, bounded by submitit's timeout, "
         "which signals the task, and the task forwards the signal to it",
