@@ -1,10 +1,12 @@
 """python -m hpc_agent.status [--runs-root DIR] [--json] [--remote USER@LOGIN]
 
-One line per run: run id, phase, newest job id, its Slurm state, step N/M, the last decision (or cause) and
+One line per run: run id, phase, newest job id, its state (Slurm's; a local run's from its process and files,
+e.g. ``COMPLETED (local)``), step N/M, the last decision (or cause) and
 how long ago the last step was. The short answer to "what are my runs doing?"; ``review`` has the details.
 
 Reads what review reads (:func:`hpc_agent.runs.history.review_run`: the ledger, events.jsonl, TensorBoard,
-heartbeats) plus one batched ``sacct`` call for every run's newest job (never one call per run). With
+heartbeats) plus one batched ``sacct`` call for every Slurm run's newest job (never one call per run; never
+a local run's process id). With
 ``--remote`` it runs on the login node over ssh (docs/remote.md). Login-node code: no torch.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, parse
@@ -23,7 +25,7 @@ from hpc_agent.config.load import RUNS_ENV
 from hpc_agent.remote import ssh
 from hpc_agent.runs.liveness import duration
 
-COLUMNS = (("run", "run_id"), ("phase", "phase"), ("job", "job_id"), ("slurm", "slurm_state"), ("step", "step"),
+COLUMNS = (("run", "run_id"), ("phase", "phase"), ("job", "job_id"), ("state", "slurm_state"), ("step", "step"),
            ("last decision", "last"), ("last step", "age"))
 
 
@@ -53,18 +55,19 @@ def slurm_states(job_ids: Sequence[str], cli=None) -> Dict[str, str]:
     return {j: state for j in ids if (state := job_state(rows, j))}
 
 
-def _last_job_ids(runs_root: Path) -> Tuple[Dict[str, str], Set[str]]:
-    """({run id: its newest job id}, the runs whose newest job ran on the local executor: a process id there,
-    which must never be sent to sacct as a Slurm job id)."""
+def _last_job_ids(runs_root: Path) -> Tuple[Dict[str, str], Dict[str, Tuple[str, Optional[float]]]]:
+    """({run id: its newest job id}, {run id: (process id, when it started)} for the runs whose newest job ran on
+    the local executor: a process id there, which must never be sent to sacct as a Slurm job id)."""
     from hpc_agent.state.ledger import LEDGER_FILE, Ledger
 
     if not (runs_root / LEDGER_FILE).exists():
-        return {}, set()
+        return {}, {}
     ledger = Ledger.in_runs_root(runs_root)
     try:
         latest = {run.run_id: sub for run in ledger.runs()
                   if (sub := ledger.latest_submission(run.run_id)) is not None and sub.job_id}
-        return {r: sub.job_id for r, sub in latest.items()}, {r for r, sub in latest.items() if sub.executor == "local"}
+        return {r: sub.job_id for r, sub in latest.items()}, \
+            {r: (sub.job_id, sub.submitted_at or sub.intent_at) for r, sub in latest.items() if sub.executor == "local"}
     finally:
         ledger.close()
 
@@ -107,6 +110,13 @@ def collect(path: Path, now: Optional[float] = None, cli=None,
     for r in reviews:  # no ledger row (a run dir given alone): the newest job the decisions name
         job_ids.setdefault(r["run_id"], next((d["job_id"] for d in reversed(r["decisions"]) if d.get("job_id")), None))
     states = slurm_states([j for run_id, j in job_ids.items() if j and run_id not in local], cli)
+    dirs = {r["run_id"]: Path(r["run_dir"]) for r in reviews}
+    for run_id, (job_id, started_at) in local.items():  # a process id: its state from the process and its files
+        if run_id in dirs:
+            from hpc_agent.jobs.local_process import observe_local
+
+            seen = observe_local(dirs[run_id], job_id, started_at)
+            states[job_id] = f"{seen.attempt.state} (local)" if seen.attempt is not None else "unknown (local)"
     return [line_of(r, job_ids.get(r["run_id"]), states.get(job_ids.get(r["run_id"]) or ""), now) for r in reviews]
 
 

@@ -9,7 +9,6 @@ import argparse
 import datetime as _dt
 import logging
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -25,7 +24,6 @@ from hpc_agent.policy.preflight import REFUSE, WARN, MemoryVerdict, gpu_capacity
 from hpc_agent.remote import ssh
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 from hpc_agent.slurm.job_match import job_name_for
-from hpc_agent.slurm.sacct import job_state, parse_parsable2
 from hpc_agent.slurm.sinfo import partition_gres
 
 EXIT_CONFIG = exit_status.USAGE
@@ -34,8 +32,6 @@ EXIT_JOB_FAILED = exit_status.FAILED  # --wait: the job did not complete
 EXIT_WONT_FIT = exit_status.WONT_FIT  # the memory estimate exceeds the GPU's memory (submit --force to override)
 EXIT_PAUSED = exit_status.PAUSED  # the runs root's kill switch is set (watch --pause): nothing was created
 log = logging.getLogger("hpc_agent.submit")  # not __name__: under python -m it is __main__, outside the tree
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-                   "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,34 +93,6 @@ def new_run_dir(runs_root: Path, name: str, now: _dt.datetime,
         n += 1
         run_id = f"{base}-{n}"
     return run_id, runs_root / run_id
-
-
-def _wait(executor_kind: str, job, job_id: str, timeout_s: float) -> str:
-    """Poll until the job is finished; returns its final state."""
-    deadline = time.monotonic() + timeout_s
-    if executor_kind == "local":
-        while not job.done() and time.monotonic() < deadline:
-            time.sleep(1)
-        if not job.done():
-            return "RUNNING"
-        # Not job.result(): that unpickles <id>_result.pkl, a file the job writes. Its opcodes say
-        # ("success", ...) or ("error", ...) without running anything (a job that died wrote none).
-        from hpc_agent.core.pickle_scan import result_tag
-
-        return "COMPLETED" if result_tag(job.paths.result_pickle) == "success" else "FAILED"
-    cli = SlurmCLI()
-    state = "UNKNOWN"
-    delay = 1.0
-    while time.monotonic() < deadline:
-        try:
-            state = job_state(parse_parsable2(cli.sacct([job_id])), job_id) or "UNKNOWN"
-        except SlurmError as exc:  # accounting hiccup: the state is unknown, keep waiting
-            log.warning("  (sacct failed: %s; retrying)", exc)
-        if state in TERMINAL_STATES:
-            return state
-        time.sleep(delay)
-        delay = min(delay * 1.5, 10.0)
-    return state
 
 
 def _warn(text: str) -> None:
@@ -471,13 +439,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.wait:
         return 0
     print(f"waiting for job {job_id} ...", flush=True)
-    if kind == "slurm":  # the run's true end, repaired on the way by a watcher (our own when none runs)
-        from hpc_agent.watcher.submit_wait import wait_run
+    # Either executor: the run's true end, as the ledger records it, repaired on the way by a watcher (our own
+    # when none runs), with its progress shown (-q: none).
+    from hpc_agent.watcher.submit_wait import wait_run
 
-        state, job_id, _ = wait_run(runs_root, run_id, args.wait_timeout)
-        logs = log_paths(run_dir, job_id, cfg.slurm.tasks_per_node * cfg.slurm.nodes)
-    else:
-        state = _wait(kind, job, job_id, args.wait_timeout)
+    state, job_id, _ = wait_run(runs_root, run_id, args.wait_timeout)
+    logs = log_paths(run_dir, job_id, cfg.slurm.tasks_per_node * (cfg.slurm.nodes if kind == "slurm" else 1))
     print(f"job {job_id} finished: {state}")
     if logs[0].exists():
         try:
@@ -487,11 +454,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"log tail: not read ({exc})")
     if state == "COMPLETED":
         return 0
-    if kind == "slurm":  # not just an exit code: why it ended and what to do (python -m hpc_agent.diagnose)
-        from hpc_agent import diagnose
+    # Not just an exit code: why it ended and what to do (python -m hpc_agent.diagnose). A local job by its run
+    # (its id is a process id, which diagnose would take for a Slurm job's).
+    from hpc_agent import diagnose
 
-        print("diagnosis:", flush=True)
-        diagnose.main([job_id, "--runs-root", str(runs_root), *passthrough(args)])
+    print("diagnosis:", flush=True)
+    diagnose.main([job_id if kind == "slurm" else run_id, "--runs-root", str(runs_root), *passthrough(args)])
     return EXIT_JOB_FAILED
 
 

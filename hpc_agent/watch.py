@@ -58,8 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between ticks (default 5)")
     parser.add_argument("--once", action="store_true", help="run one tick (after start-up reconciliation) and exit")
     parser.add_argument("--dry-run", action="store_true", help="print the decisions; change nothing, submit nothing")
-    parser.add_argument("--executor", choices=("slurm", "local"), default="slurm",
-                        help="how resubmissions are launched (default slurm)")
     parser.add_argument("--max-ticks", type=int, default=0, help="stop after N ticks (0: run until stopped)")
     parser.add_argument("--intent-grace", type=float, default=INTENT_GRACE_S, metavar="S",
                         help="seconds an sbatch may still be in flight after its intent was recorded; an older intent "
@@ -212,7 +210,7 @@ def _watch(ledger: Ledger, runs_root: Path, pause_file: Path, args: argparse.Nam
     if lease is not None and not _take_lease(lease, args, stop):
         return EXIT_LOCKED
     slurm = SlurmCLI(timeout_s=60)
-    watcher = Watcher(ledger, slurm, runs_root=runs_root, dry_run=args.dry_run, executor=args.executor,
+    watcher = Watcher(ledger, slurm, runs_root=runs_root, dry_run=args.dry_run,
                       pause_file=pause_file, limits=PolicyLimits(max_mem_mb=largest_node_memory_mb(slurm)), lease=lease,
                       intent_grace_s=args.intent_grace, notify=getattr(args, "notify_default", None),
                       caps=args.read_caps,

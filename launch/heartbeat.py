@@ -25,7 +25,7 @@ from hpc_agent.core import rundir
 from hpc_agent.core.filemodes import make_dir, open_created
 from hpc_agent.core.fsutil import atomic_write_text
 from hpc_agent.core.heartbeat_format import PHASES, RECENT_STEPS, STACK_SIGNAL, STACK_SIGNAL_NAME, Beat, encode
-from hpc_agent.core.lease_rules import job_identity
+from hpc_agent.core.lease_rules import LOCAL_PREFIX, job_identity
 
 DEFAULT_INTERVAL_S = 5.0  # resilience.heartbeat_s's default, used until the config is loaded
 FINAL_WRITE_WAIT_S = 1.0  # stop() waits at most this for a write in flight (a dead file system must not hold the exit)
@@ -52,7 +52,7 @@ class Heartbeat:
         job, attempt = job_identity(environ)
         # Every rank of a job must name the same job (the judge groups ranks by it): no pid in it.
         local = environ.get("SUBMITIT_LOCAL_JOB_ID", "")
-        self.job_id = job or (f"local-{local}" if local else "local")
+        self.job_id = job or (f"{LOCAL_PREFIX}{local}" if local else "local")
         self.attempt = attempt
         self.host = environ.get("SLURMD_NODENAME") or socket.gethostname()
         now = time.time()

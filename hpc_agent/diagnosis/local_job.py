@@ -19,10 +19,15 @@ A live process is ``RUNNING``; a process that is gone, or that said how it ended
 give (``COMPLETED`` 0:0, ``FAILED`` N:0), and the cause comes from the same classifier the Slurm path uses
 (:func:`hpc_agent.diagnosis.classify.classify_attempt`); with no fact at all the state stays unknown and the cause
 is read from the logs alone (:func:`hpc_agent.diagnosis.classify.classify_logs`).
+
+The watcher follows a local job through the same core as a Slurm one: :func:`local_attempt` turns the state and
+the two times the machine knows (the process started when the ledger recorded it; it ended when its last result
+file or log was written) into the one-attempt sacct record ``follow`` reads.
 """
 from __future__ import annotations
 
 import re
+import datetime as _dt
 from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
@@ -30,7 +35,7 @@ from hpc_agent.core.exit_codes import announced_exit_code
 from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.classify import Diagnosis, classify_attempt, classify_logs
 from hpc_agent.metrics.alarm_kinds import Alarm
-from hpc_agent.slurm.sacct import Attempt, row_from_fields
+from hpc_agent.slurm.sacct import Attempt, SacctRow, row_from_fields
 
 SUCCESS, ERROR = "success", "error"  # the first string of submitit's result pickle
 _HOST_RE = re.compile(r"JobEnvironment\(job_id=(?P<job>[^,\s)]+), hostname=(?P<host>[^,\s)]+)")
@@ -109,3 +114,50 @@ def classify_local(facts: LocalFacts, logs: Sequence[LogText], alarms: Sequence[
     # classify_attempt's first line is its sacct line ("sacct: job P attempt 1: ..."): there was no sacct.
     rest = found.evidence[1:] if found.evidence and found.evidence[0].startswith("sacct:") else found.evidence
     return replace(found, evidence=tuple(basis) + rest)
+
+
+SACCT_TIME = "%Y-%m-%dT%H:%M:%S"  # sacct's Start/End: local time, whole seconds (watcher.observe.sacct_epoch reads it)
+
+
+def sacct_time(at: Optional[float]) -> str:
+    """Epoch seconds as sacct prints a time; ``Unknown`` (sacct's word for a running job's End) for None."""
+    if at is None:
+        return "Unknown"
+    return _dt.datetime.fromtimestamp(int(at)).strftime(SACCT_TIME)
+
+
+def elapsed_text(seconds: float) -> str:
+    """sacct's Elapsed: ``[D-]HH:MM:SS``."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def local_row(pid: str, state: str, exit_code: str, started_at: Optional[float], ended_at: Optional[float],
+              host: str = "") -> Optional[SacctRow]:
+    """The sacct-like allocation row of a local job; None when ``pid`` is no process id or ``state`` is unknown.
+
+    ``started_at``: when the process started (the ledger's record of it); ``ended_at``: when it ended (its
+    newest result file or log), used only for an ended state, and never before the start (a clock step, or a
+    file touched before the start). A running job's row has ``End`` ``Unknown`` and no ``Elapsed``, as sacct's
+    rows the watcher reads (fixed from tick to tick while the job runs)."""
+    if not state or not pid.isdigit():
+        return None
+    ended = state != "RUNNING"  # local_state gives RUNNING, COMPLETED or FAILED
+    end = max(ended_at, started_at) if ended and ended_at is not None and started_at is not None else \
+        (ended_at if ended else None)
+    fields = {"JobID": pid, "JobName": "", "State": state, "ExitCode": exit_code or ("0:0" if state == "COMPLETED"
+                                                                                    else ""),
+              "NodeList": host.split(".")[0], "Start": sacct_time(started_at), "End": sacct_time(end)}
+    if ended and end is not None and started_at is not None:
+        fields["Elapsed"] = elapsed_text(end - started_at)
+    return row_from_fields(fields)
+
+
+def local_attempt(pid: str, state: str, exit_code: str, started_at: Optional[float], ended_at: Optional[float],
+                  host: str = "") -> Optional[Attempt]:
+    """The one attempt of a local job, as ``group_attempts`` would give it from sacct (index 0: a local job is
+    never requeued under its id; a repair is a new process, a new job); None while its state is unknown."""
+    row = local_row(pid, state, exit_code, started_at, ended_at, host)
+    return Attempt(row.job_key, 0, (row,)) if row is not None else None

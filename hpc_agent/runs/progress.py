@@ -4,7 +4,8 @@ Per poll, for every followed run together: one ``squeue`` for their state and pe
 (only while one pends) for the partition's pending jobs, whose order by priority is the run's place in
 the queue; one ``sacct`` only for jobs squeue no longer lists (ended); each run's heartbeat files (step,
 recent step times: steps/s and ETA) and its last cause and decision in the ledger's audit trail. A Slurm
-error leaves the fields unknown: progress is never a reason to stop waiting.
+error leaves the fields unknown: progress is never a reason to stop waiting. A local-executor job (a process
+id) is never sent to squeue or sacct: its state is read from its process and files.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hpc_agent.config.load import load_run_config
 from hpc_agent.core import rundir
+from hpc_agent.core.lease_rules import LOCAL_PREFIX
 from hpc_agent.runs.progress_view import QUEUED, RunView
 from hpc_agent.slurm.cli import SlurmError
 
@@ -107,6 +109,14 @@ def heartbeat_progress(run_dir: Path, job_id: str = "") -> Tuple[Optional[int], 
     return (newest.step if newest.step_at is not None or newest.step else None), rate, newest.phase
 
 
+def local_state_of(run_dir: Path, job_id: str, started_at: Optional[float]) -> str:
+    """A local job's state (RUNNING, COMPLETED, FAILED; "" unknown) from its process and files."""
+    from hpc_agent.jobs.local_process import observe_local
+
+    seen = observe_local(run_dir, job_id, started_at)
+    return seen.attempt.state if seen.attempt is not None else ""
+
+
 def last_decision(ledger, run_id: str) -> Tuple[str, str]:
     """(cause, action) of the run's newest audit record that carries both: a decision on an ended attempt,
     or an expedite of a requeued one (which writes no decision row). ("", "") before any."""
@@ -142,11 +152,15 @@ class Tracker:
     def views(self, runs: Sequence[Tuple[str, str]], finals: Optional[Dict[str, str]] = None) -> List[RunView]:
         """``runs``: (label, run id) pairs. ``finals``: run id -> its final state, for runs that are over."""
         finals = finals or {}
-        rows = []
+        rows, local = [], {}
         for label, run_id in runs:
             run, sub = self.ledger.run(run_id), self.ledger.latest_submission(run_id)
-            rows.append((label, run_id, run, (sub.job_id or "") if sub else ""))
-        live = [job for _, run_id, _, job in rows if job and run_id not in finals]
+            job = (sub.job_id or "") if sub else ""
+            if sub is not None and sub.executor == "local" and job and run is not None:
+                local[run_id] = local_state_of(Path(run.run_dir), job, sub.submitted_at or sub.intent_at)
+            rows.append((label, run_id, run, job))
+        # A local job's id is a process id: its state comes from the process, never from squeue or sacct.
+        live = [job for _, run_id, _, job in rows if job and run_id not in finals and run_id not in local]
         ours, places = queue_info(self.slurm, live)
         gone = ended_states(self.slurm, [job for job in live if _row_for(job, ours) is None])
         views = []
@@ -154,13 +168,15 @@ class Tracker:
             if run is None:
                 views.append(RunView(label, final=finals.get(run_id, "")))
                 continue
-            row = _row_for(job, ours) if job else None
-            state = row[0] if row else gone.get(job, "")
+            row = _row_for(job, ours) if job and run_id not in local else None
+            state = local[run_id] if run_id in local else row[0] if row else gone.get(job, "")
             place = places.get(job) or next((p for key, p in places.items() if row and key.startswith(
                 f"{job.split('_')[0]}_[")), None)
             queued = state in QUEUED or (not state and run.phase in ("submitting", "pending"))
             # A queued (or requeued) job's heartbeats are its previous attempt's: not this one's progress.
-            step, rate, job_phase = (None, None, "") if queued else heartbeat_progress(Path(run.run_dir), job)
+            # A local job's ranks name it local-<pid> in their heartbeats (launch/heartbeat.py).
+            beat_job = f"{LOCAL_PREFIX}{job}" if run_id in local and job else job
+            step, rate, job_phase = (None, None, "") if queued else heartbeat_progress(Path(run.run_dir), beat_job)
             cause, action = last_decision(self.ledger, run_id)
             views.append(RunView(
                 label, job_id=job, state=state, reason=row[1] if row and row[0] == "PENDING" else "",

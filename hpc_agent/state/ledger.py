@@ -247,14 +247,15 @@ class Ledger:
         return self.db.execute("SELECT 1 FROM expedites WHERE job_id = ? AND attempt = ?",
                                (str(job_id), attempt)).fetchone() is not None
 
-    def followed_submissions(self, phases: List[str]) -> List[Tuple[str, str, Optional[str], Optional[float]]]:
-        """``(run id, phase, newest job id, its intent_at)`` of every run in these phases, oldest run first: one
-        query, plain tuples (a tick over ten thousand runs builds no object for a run that needs nothing).
-        ``intent_at`` is what the watcher matches sacct records against (a reused job id can list an older
-        job first; hpc_agent/slurm/job_match.py)."""
+    def followed_submissions(self, phases: List[str]) -> List[Tuple[str, str, Optional[str], Optional[float], str]]:
+        """``(run id, phase, newest job id, its intent_at, its executor)`` of every run in these phases, oldest run
+        first: one query, plain tuples (a tick over ten thousand runs builds no object for a run that needs
+        nothing). ``intent_at`` is what the watcher matches sacct records against (a reused job id can list an
+        older job first; hpc_agent/slurm/job_match.py); ``executor`` says where the job runs (``local``: a
+        process id, never sent to sacct)."""
         marks = ",".join("?" * len(phases))
         return self.db.execute(
-            "SELECT r.run_id, r.phase, s.job_id, s.intent_at FROM runs r JOIN submissions s ON s.id = "
+            "SELECT r.run_id, r.phase, s.job_id, s.intent_at, s.executor FROM runs r JOIN submissions s ON s.id = "
             f"(SELECT MAX(id) FROM submissions WHERE run_id = r.run_id) WHERE r.phase IN ({marks}) "
             "ORDER BY r.created_at, r.run_id", phases).fetchall()
 

@@ -31,6 +31,7 @@ from hpc_agent.state.ledger import Ledger, Run, Submission
 from hpc_agent.state.lifecycle import FOLLOWED, Event, EventKind, Phase
 
 INTENT_GRACE_S = SBATCH_IN_FLIGHT_S  # the default; watch --intent-grace sets it
+LOCAL = "local"  # a submission's executor for a process on the submitting machine
 
 
 class Retry(Exception):
@@ -51,7 +52,6 @@ class Context:
     ledger: Ledger
     slurm: Any
     submit: Callable[..., Any]
-    executor: str
     say: Callable[[str, str], None]
     clock: Callable[[], float]
     intent_grace_s: float = INTENT_GRACE_S
@@ -68,9 +68,63 @@ def check_paused(ctx: Context, kind: str) -> None:
 
 def carry_out(ctx: Context, run: Run, effect: EffectRow) -> str:
     """Do one effect; returns what happened. Raises Retry (Refused while the kill switch is set: every kind,
-    checked here, at the one door) or SlurmError/OSError, to be retried later."""
+    checked here, at the one door) or SlurmError/OSError, to be retried later. An effect on a local job (a
+    process on this machine: ``submit --executor local``) is carried out on that process, never through Slurm."""
     check_paused(ctx, effect.kind)
+    if effect.kind in _LOCAL_HANDLERS and effect.job_id and executor_of(ctx, run, effect.job_id) == LOCAL:
+        return _LOCAL_HANDLERS[effect.kind](ctx, run, effect)
     return _HANDLERS[effect.kind](ctx, run, effect)
+
+
+def executor_of(ctx: Context, run: Run, job_id: str) -> str:
+    """The executor of the run's job ``job_id`` (its submission's), ``slurm`` for a job the ledger does not list."""
+    return next((s.executor for s in reversed(ctx.ledger.submissions(run.run_id)) if s.job_id == job_id), "slurm")
+
+
+# --- the local executor: a process on this machine (hpc_agent/jobs/local_process.py) ---------------------------------
+def _local_cancel(ctx: Context, run: Run, e: EffectRow) -> str:
+    """SIGTERM to the job's processes (each checked to be the job's by its command line); a gone job: nothing."""
+    import signal
+
+    from hpc_agent.jobs.local_process import signal_job
+
+    sent = signal_job(Path(run.run_dir), e.job_id, signal.SIGTERM)
+    ctx.say(run.run_id, f"cancelled local job {e.job_id} (SIGTERM to {len(sent)} process(es))" if sent
+            else f"local job {e.job_id} has no process left to cancel")
+    return f"cancelled ({len(sent)} processes)"
+
+
+def _local_stacks(ctx: Context, run: Run, e: EffectRow) -> str:
+    from hpc_agent.core.heartbeat_format import STACK_SIGNAL_NAME
+    from hpc_agent.jobs.local_process import signal_job
+    import signal
+
+    sent = signal_job(Path(run.run_dir), e.job_id, getattr(signal, f"SIG{STACK_SIGNAL_NAME}"))
+    ctx.say(run.run_id, f"asked local job {e.job_id} for its ranks' stacks (SIG{STACK_SIGNAL_NAME} to "
+                        f"{len(sent)} process(es))")
+    return "stacks requested"
+
+
+LOCAL_KILL_AFTER_TRIES = 3
+"""A local job still alive after this many ``await_end`` tries (a tick each) after its SIGTERM gets SIGKILL."""
+
+
+def _local_await_end(ctx: Context, run: Run, e: EffectRow) -> str:
+    """Done once the job's processes are gone; SIGKILL to what is left after a few tries."""
+    import signal
+
+    from hpc_agent.jobs.local_process import job_processes, marker_of, signal_job
+
+    if not job_processes(e.job_id, marker_of(Path(run.run_dir))):
+        return "ended"
+    if e.tries >= LOCAL_KILL_AFTER_TRIES:
+        signal_job(Path(run.run_dir), e.job_id, signal.SIGKILL)
+    raise Retry(f"local job {e.job_id} still has processes")
+
+
+def _not_local(ctx: Context, run: Run, e: EffectRow) -> str:
+    """A Slurm-only effect on a local job (never decided for one: ``follow.requeue_effects``; a ledger from before)."""
+    return f"skipped: job {e.job_id} is a local process ({e.kind} is a Slurm action)"
 
 
 def _requeue(ctx: Context, run: Run, e: EffectRow) -> str:
@@ -166,6 +220,9 @@ def _resubmit(ctx: Context, run: Run, e: EffectRow) -> str:
             if found:
                 return f"submitted as job {found} (found in Slurm after a restart)"
     run_dir = Path(run.run_dir)
+    # The new job runs where the one it replaces ran: a local run stays local, a Slurm run on Slurm.
+    executor = executor_of(ctx, run, e.job_id) if e.job_id else \
+        next((s.executor for s in reversed(ctx.ledger.submissions(run.run_id))), "slurm")
     cfg = apply_patch(run_config.current(ctx.ledger, run.run_id, run_dir), e.args.get("patch", {}))
     to_step, before_step = e.args.get("rollback_to_step"), e.args.get("rollback_before_step")
     if to_step is not None or before_step is not None:
@@ -178,14 +235,14 @@ def _resubmit(ctx: Context, run: Run, e: EffectRow) -> str:
     write_run_config(run_dir, cfg, name=rundir.config_history_path(run_dir, n).name)
     path = write_run_config(run_dir, cfg)
     try:
-        job = ctx.submit(ctx.ledger, run.run_id, run_dir, cfg, path, ctx.executor, reason=e.args.get("reason", ""))
+        job = ctx.submit(ctx.ledger, run.run_id, run_dir, cfg, path, executor, reason=e.args.get("reason", ""))
     except SubmittedButIncomplete as exc:  # sbatch answered; only the bookkeeping after it failed
         ctx.say(run.run_id, f"resubmitted as job {exc.job_id} ({exc})")
         return f"submitted as job {exc.job_id}"
     except Exception as exc:  # noqa: BLE001 - submitit raises plain exceptions carrying sbatch's stderr
         raise Retry(f"sbatch failed: {exc}") from exc
     job_id = getattr(job, "job_id", job)
-    ctx.say(run.run_id, f"resubmitted as job {job_id}")
+    ctx.say(run.run_id, f"resubmitted as job {job_id}" + (" (local executor)" if executor == LOCAL else ""))
     return f"submitted as job {job_id}"
 
 
@@ -224,7 +281,13 @@ def settle_intent(ctx: Context, run: Run, sub: Submission) -> Optional[str]:
     if age < ctx.intent_grace_s:
         raise Retry(f"intent #{sub.id} is {age:.0f} s old; an sbatch may still be in flight "
                     f"(waiting {ctx.intent_grace_s:.0f} s before asking Slurm)")
-    found = jobs_named(ctx.slurm, job_name_for(run.run_id), since=sub.intent_at)
+    if sub.executor == LOCAL:  # a process on this machine: asked of /proc, never of Slurm
+        from hpc_agent.jobs.local_process import find_job
+
+        pid = find_job(Path(run.run_dir))
+        found = [pid] if pid else []
+    else:
+        found = jobs_named(ctx.slurm, job_name_for(run.run_id), since=sub.intent_at)
     if found is None:
         raise Retry("cannot reach Slurm to settle the pending intent")
     known = {s.job_id for s in ctx.ledger.submissions(run.run_id) if s.job_id}
@@ -243,6 +306,8 @@ def settle_intent(ctx: Context, run: Run, sub: Submission) -> Optional[str]:
     return None
 
 
+_LOCAL_HANDLERS = {"cancel": _local_cancel, "request_stacks": _local_stacks, "await_end": _local_await_end,
+                   "requeue": _not_local, "expedite": _not_local, "exclude": _not_local}
 _HANDLERS = {"requeue": _requeue, "expedite": _expedite, "exclude": _exclude, "cancel": _cancel,
              "notify": _notify, "resubmit": _resubmit, "request_stacks": _request_stacks, "await_end": _await_end,
              "release_lease": _release_lease, "adopt": _adopt}

@@ -39,8 +39,9 @@ class EmbeddedWatch:
     def __init__(self, runs_root: Path, *, slurm=None, interval_s: float = 2.0, lease_ttl_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic, out: Callable[[str], None] = print,
                  ledger=None, make_lease: Optional[Callable[[Any], Any]] = None,
-                 make_watcher: Optional[Callable[[Any, Any, Any], Any]] = None):
+                 make_watcher: Optional[Callable[[Any, Any, Any], Any]] = None, node_memory: bool = True):
         self.runs_root, self.interval_s, self.clock, self.out = Path(runs_root), interval_s, clock, out
+        self.node_memory = node_memory  # ask sinfo for the largest node's memory (False: a wait on a local run)
         self.lease_ttl_s = lease_ttl_s
         self._ledger, self._own_ledger = ledger, ledger is None
         self.slurm = slurm
@@ -67,10 +68,12 @@ class EmbeddedWatch:
         from hpc_agent.slurm.sinfo import max_node_memory_mb, node_memory_argv
         from hpc_agent.watcher.loop import Watcher
 
+        max_mem = None
         try:  # as `watch` does: a memory repair never asks for more than the largest node has
-            max_mem = max_node_memory_mb(slurm.run(node_memory_argv(), check=False).stdout)
+            if self.node_memory:  # (not for a wait on a local run: it runs no Slurm command)
+                max_mem = max_node_memory_mb(slurm.run(node_memory_argv(), check=False).stdout)
         except SlurmError:
-            max_mem = None
+            pass
         from hpc_agent.watcher import notifier
         from hpc_agent.config.problems import ConfigError
 
@@ -79,7 +82,7 @@ class EmbeddedWatch:
         except ConfigError as exc:
             print(f"[embedded watch] notifier variables ignored: {exc}", file=sys.stderr, flush=True)
             default = None
-        return Watcher(ledger, slurm, runs_root=self.runs_root, executor="slurm", out=self.out,
+        return Watcher(ledger, slurm, runs_root=self.runs_root, out=self.out,
                        pause_file=killswitch.pause_path(self.runs_root), lease=lease,
                        limits=PolicyLimits(max_mem_mb=max_mem), notify=default)
 

@@ -32,6 +32,47 @@ PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"
 _ACTIONS = {REQUEUE: Action.REQUEUE, RESUBMIT: Action.RESUBMIT, STOP: Action.STOP, ATTENTION: Action.ATTENTION}
 PLACEMENT_CAUSES = (Cause.GPU_OOM, Cause.NODE_FAIL, Cause.GPU_HW_ERROR)
 """Causes whose resubmission may move the run to another partition (``placement.mode`` auto)."""
+LOCAL = "local"
+LOCAL_EVIDENCE = "local process (no sacct: its process, result files and log): "
+LOCAL_IGNORED = frozenset({"slurm.exclude", "slurm.partition", "slurm.mem"})
+"""Patch keys the local executor has no use for: it runs on the one machine that submitted it (no node to leave
+out, no partition to move to) without a memory limit of its own (``jobs.executor.local_parameters``)."""
+
+
+# --- the local executor ----------------------------------------------------------------------------------
+def local_decision(decision: Decision) -> Tuple[Decision, str]:
+    """The policy's decision as the local executor can carry it out, and a note for the audit record ("" when
+    unchanged). Pure.
+
+    * requeue: a local process cannot be requeued (no ``scontrol``, no queue): the same job is started again as
+      a new process from the newest checkpoint (a resubmission, unchanged config), still counted as a requeue;
+    * resubmit: the keys in :data:`LOCAL_IGNORED` are dropped; when nothing else is left (``node_fail`` or a GPU
+      hardware error: exclude the node; a host OOM: more ``--mem``; a move to another partition) the repair has
+      no local meaning, and running the same thing on the same machine again would fail the same way: the run
+      is parked for a person (needs_attention) instead.
+    """
+    if decision.action == REQUEUE:
+        return decision, ("local executor: the requeue is carried out as a resubmission of the same config "
+                          "through the local executor, from the newest checkpoint (no scontrol for a local process)")
+    if decision.action != RESUBMIT or not set(decision.patch) & LOCAL_IGNORED:
+        return decision, ""
+    dropped = sorted(set(decision.patch) & LOCAL_IGNORED)
+    kept = {k: v for k, v in decision.patch.items() if k not in LOCAL_IGNORED}
+    if kept:
+        return replace(decision, patch=kept, reason=f"{decision.reason} ({', '.join(dropped)} dropped: no meaning "
+                                                    "for the local executor)"), \
+            f"local executor: {', '.join(dropped)} dropped from the patch"
+    why = (f"{decision.reason}; but the local executor runs on this one machine ({', '.join(dropped)} has no "
+           "meaning there), so running it again here would end the same way: needs a person")
+    return Decision(ATTENTION, decision.cause, why), f"local executor: {', '.join(dropped)} has no local meaning"
+
+
+def requeue_effects(state: RunState, reason: str) -> Tuple[Effect, ...]:
+    """The effects of a requeue: ``scontrol requeue`` then expedite on Slurm; for a local job a resubmission of
+    the same config from the newest checkpoint (its lease freed first: the process is gone)."""
+    if state.executor == LOCAL:
+        return ReleaseLease(state.job_id), Resubmit(state.job_id, {}, reason)
+    return Requeue(state.job_id), Expedite(state.job_id)
 
 
 # --- the one Situation builder (also used by diagnose) --------------------------------------------------
@@ -159,7 +200,12 @@ def _unfollowable(state: RunState, files: Optional[RunFiles]) -> Optional[Outcom
 
 
 def _diagnoses(state: RunState, attempts: Sequence[Attempt], files: RunFiles) -> List[Diagnosis]:
-    return classify_job(attempts, files.logs, files.alarms, job_id=state.job_id)
+    found = classify_job(attempts, files.logs, files.alarms, job_id=state.job_id)
+    if state.executor != LOCAL:
+        return found
+    # A local job's attempt was read from its process and files (local_process.observe_local), not from sacct.
+    return [replace(d, evidence=tuple(LOCAL_EVIDENCE + e[len("sacct: "):] if i == 0 and e.startswith("sacct: ") else e
+                                      for i, e in enumerate(d.evidence))) for d in found]
 
 
 def _requeued_by_slurm(state: RunState, attempts: Sequence[Attempt], files: Optional[RunFiles],
@@ -224,6 +270,9 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
     decision = decide(latest.cause, state.history, cfg,
                       situation_from(diagnoses, progress, steps, facts, cfg.train.max_steps - (steps[-1] if steps else 0)),
                       limits)
+    local_note = ""
+    if state.executor == LOCAL and decision.action in (REQUEUE, RESUBMIT):
+        decision, local_note = local_decision(decision)
     if decision.action != DONE and steps and steps[-1] >= cfg.train.max_steps:
         # The final checkpoint is complete, so the training is done whatever happened after it (a rank
         # crashing in interpreter teardown, a late signal): never requeue finished work.
@@ -246,7 +295,7 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
                        lines=(f"job {state.job_id} ended ({latest.cause.value}) but is still in Slurm's queue "
                               f"({obs.queue or 'squeue did not answer'}): waiting for its requeued attempt",))
     if decision.action == RESUBMIT and obs.placement == NOT_ASKED and latest.cause in PLACEMENT_CAUSES \
-            and cfg.placement.mode == "auto":
+            and cfg.placement.mode == "auto" and state.executor != LOCAL:
         return Outcome(state.phase, ask_placement={k: v for k, v in decision.patch.items() if k.startswith("slurm.")})
     phase = transition(state.phase, Event(EventKind.ENDED, state.job_id, _ACTIONS[decision.action]))
     lines = [f"job {state.job_id} attempt {latest.attempt_index + 1}: {latest.cause.value} -> "
@@ -255,7 +304,7 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
         lines += [f"    {line}" for line in decision.placement.get("table", ())]
     if decision.action == REQUEUE:
         # Slurm only requeues preempted/node-failed jobs itself; anything else needs an explicit requeue.
-        effects: Tuple[Effect, ...] = (Requeue(state.job_id), Expedite(state.job_id))
+        effects: Tuple[Effect, ...] = requeue_effects(state, f"{decision.cause}: {decision.reason}")
     elif decision.action == RESUBMIT:
         # Slurm no longer queues the job (checked above), so a run lease it still holds is dead: free it, or the
         # new job waits for it to go stale (~50 s measured in the P2 run after a host OOM killed rank 0).
@@ -276,8 +325,10 @@ def _ended(state: RunState, attempts: Sequence[Attempt], obs: Observation, limit
         audit.update(action=ATTENTION, reason=decision.reason, hypotheses=list(decision.hypotheses))
     if files.notes:
         audit["notes"] = list(files.notes)
+    if local_note:
+        audit["executor"] = local_note
     # A requeue is expedited with it: its next attempt needs no second expedite when sacct shows it pending.
-    expedite = latest.attempt_index + 1 if decision.action == REQUEUE else None
+    expedite = latest.attempt_index + 1 if decision.action == REQUEUE and state.executor != LOCAL else None
     return Outcome(phase, effects, _decision_row(state, latest, decision, steps[-1] if steps else None),
                    expedite_attempt=expedite, audit=(audit,), lines=tuple(lines))
 
@@ -300,8 +351,8 @@ def _resumed(state: RunState, index: int, files: Optional[RunFiles]) -> Outcome:
     decision = Decision(REQUEUE, str(last["cause"]), reason, expedite=True, free=True)
     audit = {"job_id": state.job_id, "attempt": state.attempt_offset + index + 1, "cause": str(last["cause"]),
              "resumed": True, "decision": decision.to_dict(), "config_diff": {}}
-    return Outcome(phase, (Requeue(state.job_id), Expedite(state.job_id)), expedite_attempt=index + 1,
-                   audit=(audit,), lines=(f"job {state.job_id} attempt {index + 1}: {reason}",))
+    return Outcome(phase, requeue_effects(state, f"{last['cause']}: resumed by a person"),
+                   expedite_attempt=index + 1, audit=(audit,), lines=(f"job {state.job_id} attempt {index + 1}: {reason}",))
 
 
 def _recovering(state: RunState, obs: Observation) -> Outcome:
@@ -319,7 +370,7 @@ def _recovering(state: RunState, obs: Observation) -> Outcome:
         return _to(state, Event(EventKind.RECOVERED, state.job_id))
     saved = last.get("decision", {})
     if last["action"] in (REQUEUE, ATTENTION):
-        effects: Tuple[Effect, ...] = (Requeue(state.job_id), Expedite(state.job_id))
+        effects: Tuple[Effect, ...] = requeue_effects(state, f"{last['cause']}: {last['reason']}")
     elif last["action"] == RESUBMIT:
         effects = (Resubmit(state.job_id, dict(last.get("patch", {})), f"{last['cause']}: {last['reason']}",
                             saved.get("rollback_to_step"), saved.get("rollback_before_step")),)

@@ -130,6 +130,9 @@ class RunState:
     ``recovering`` run whose effects were never journaled)."""
     suspicion: Optional[Suspicion] = None
     """The active hang suspicion of ``job_id`` (stacks asked, no decision yet), if any."""
+    executor: str = "slurm"
+    """Where ``job_id`` runs: ``slurm``, or ``local`` (a process on the submitting machine: no queue, no
+    ``scontrol``; a requeue is carried out as a resubmission, see ``follow.local_decision``)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The watcher: a thin interpreter around the pure core. Each tick: observe -> follow -> journal -> carry out.
 
-Observe: one batched sacct call for every followed run, plus (only for runs whose attempt ended or was
-requeued) squeue's word and bounded reads of the run's files. Follow: ``hpc_agent.watcher.follow.follow``.
+Observe: one batched sacct call for every followed Slurm run, plus (only for runs whose attempt ended or was
+requeued) squeue's word and bounded reads of the run's files. A run on the local executor is never sent to
+sacct: its one attempt is built from its process and files (``hpc_agent.jobs.local_process.observe_local``),
+and from there it is followed, decided and repaired by the same core. Follow: ``hpc_agent.watcher.follow.follow``.
 Journal: the decision, its effects, its audit record and the new phase in one ledger transaction.
 Carry out: ``hpc_agent.watcher.effects``, each effect idempotently, then ``events.jsonl`` from the journal.
 Observing or deciding one run can fail in any way; that run goes to ``needs_attention`` with the reason
@@ -20,6 +22,7 @@ from hpc_agent.config.profile import sacct_json_quirk
 from hpc_agent.core.handback import handing_back, read_successor
 from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps, cap_of
 from hpc_agent.core.redact import redact
+from hpc_agent.jobs import local_process
 from hpc_agent.jobs.submission import crash_point, submit_attempt
 from hpc_agent.policy.decide import PolicyLimits
 from hpc_agent.slurm.attempt_cache import AttemptCache
@@ -36,6 +39,7 @@ from hpc_agent.watcher.in_job import InJobIngest
 from hpc_agent.watcher.notifier import Notifier
 
 LIVE_PHASES = [p.value for p in FOLLOWED]
+LOCAL = "local"  # a submission's executor for a process on the submitting machine (submit --executor local)
 
 
 @dataclass
@@ -54,7 +58,7 @@ class TickReport:
 
 class Watcher:
     def __init__(self, ledger: Ledger, slurm, *, runs_root: Path, clock: Callable[[], float] = time.time,
-                 dry_run: bool = False, executor: str = "slurm", limits: Optional[PolicyLimits] = None,
+                 dry_run: bool = False, limits: Optional[PolicyLimits] = None,
                  submit: Callable[..., Any] = submit_attempt, out: Callable[[str], None] = print,
                  pause_file: Optional[Path] = None, lease: Optional[WatcherLease] = None,
                  intent_grace_s: float = effects.INTENT_GRACE_S, sacct_json: Optional[bool] = None,
@@ -64,7 +68,7 @@ class Watcher:
         self.dry_run, self.limits, self.lease = dry_run, limits or PolicyLimits(), lease
         self.pause_file = pause_file or killswitch.pause_path(self.runs_root)
         self.journal = Journal(ledger, lease)
-        self.ctx = effects.Context(ledger, slurm, submit, executor, self._say, clock, intent_grace_s,
+        self.ctx = effects.Context(ledger, slurm, submit, self._say, clock, intent_grace_s,
                                    pause_file=self.pause_file)
         self.carrier = effects.Carrier(self.ctx, self.journal, self._guarded, self._time)
         self._report = TickReport()
@@ -81,6 +85,8 @@ class Watcher:
         self.caps = caps  # how much of a run dir one tick reads: the watcher owner's, never the run's
         self._scalars: Dict[str, Any] = {}  # per run, kept between ticks: each tick reads only new TB bytes
         self.in_job = InJobIngest(ledger, self.journal, self._say)  # the job's own repairs (hpc_agent/core/in_job_journal.py)
+        self._local: Dict[str, Any] = {}  # run id -> (local job id, its attempts, final): hpc_agent/jobs/local_process.py
+        self._said_unknown: set = set()  # (run id, local job id) whose unknown state was said
         self._settings: Dict[str, Any] = {}  # job id -> its run's (resilience settings, watch.enabled, beats expected)
         # Notifications from the audit trail; ``notify``: the runs-root default (watch --notify-*), a run's own wins.
         self.notifier = Notifier(ledger, self.journal, self._say, notify, self.limits)
@@ -123,17 +129,21 @@ class Watcher:
         report.runs = len(rows)
         if not rows:
             return report
-        ids = sorted({job_id for _, _, job_id, _ in rows})
+        # A local job's id is a process id: never sent to sacct (it can equal a real Slurm job's id). Its attempt
+        # is built from the machine's facts instead (hpc_agent/jobs/local_process.py), keyed by run id.
+        ids = sorted({job_id for _, _, job_id, _, executor in rows if executor != LOCAL})
+        local = {run_id: self._local_attempts(run_id, job_id) for run_id, _, job_id, _, executor in rows
+                 if executor == LOCAL}
         found = observe.sacct_attempts(self.slurm, ids, report, lambda text: self.out(f"[watch {self._time()}] {text}"),
-                                       self._sacct, self._source)
-        if found is None:
+                                       self._sacct, self._source) if ids else {}
+        if found is None and not local:
             return report
         now = self.clock()
         decided, expedited = self.ledger.attempt_marks(LIVE_PHASES)
         suspicions = self.ledger.suspicions(LIVE_PHASES)
         busy = self.journal.pending_runs()
-        for run_id, phase, job_id, intent_at in rows:
-            attempts = found.get(job_id)
+        for run_id, phase, job_id, intent_at, executor in rows:
+            attempts = local.get(run_id) if executor == LOCAL else (found or {}).get(job_id)
             if attempts is None or run_id in busy:
                 continue
             if report.paused:  # the kill switch, honoured between runs too (checked before every action)
@@ -141,18 +151,20 @@ class Watcher:
             # Everything about one run, from sorting out its sacct records to carrying out its effects, is that
             # run's own: any exception parks it (needs_attention, audited) and the tick goes on with the others.
             self._guarded(run_id, job_id, lambda: self._tick_run(run_id, phase, job_id, intent_at, attempts, now,
-                                                                 decided, expedited, suspicions))
+                                                                 decided, expedited, suspicions, executor))
         if not self.dry_run:
             self._notify()
             self.carrier.flush_events()
         return report
 
     def _tick_run(self, run_id: str, phase: str, job_id: str, intent_at, attempts, now: float,
-                  decided, expedited, suspicions) -> None:
+                  decided, expedited, suspicions, executor: str = "slurm") -> None:
         """One followed run on one tick: its own attempts among sacct's, the quiet-run shortcut, the job's own
         repairs, then observe -> follow -> journal -> carry out (:meth:`_follow`). Runs under :meth:`_guarded`."""
         known = self._own.get(job_id)  # inline: this runs for every followed run, every tick
-        if known is not None and known[0] is attempts and known[1] == run_id and known[2] == intent_at:
+        if executor == LOCAL:
+            pass  # the run's own process, judged from its own files: no other job's record to sort out
+        elif known is not None and known[0] is attempts and known[1] == run_id and known[2] == intent_at:
             attempts = known[3]
         else:
             attempts = self._own_attempts(Claim(job_id, run_id, intent_at), attempts)
@@ -172,8 +184,35 @@ class Watcher:
             self.in_job.tick(run_id)
         state = RunState(run_id, Phase(phase), job_id, decided=frozenset(marks[2] or ()),
                          expedited=frozenset(marks[3] or ()),
-                         suspicion=Suspicion(job_id, *hang) if hang else None)
+                         suspicion=Suspicion(job_id, *hang) if hang else None, executor=executor)
         self._follow(self.ledger.run(run_id), state, attempts, marks)
+
+    def _local_attempts(self, run_id: str, job_id: str) -> Optional[List[Any]]:
+        """The one attempt of a run's local job, from the machine's facts (``local_process.observe_local``); None
+        while its state is unknown (it ran on another host and left no end: wait, never decide on a guess). The
+        same list object while it is unchanged (the quiet-run shortcut compares by identity); a gone process's
+        attempt is final and kept, its files not read again."""
+        known = self._local.get(run_id)
+        if known is not None and known[0] == job_id and known[2]:
+            return known[1]
+        run = self.ledger.run(run_id)
+        sub = next((s for s in reversed(self.ledger.submissions(run_id)) if s.job_id == job_id), None)
+        if run is None or sub is None:
+            return None
+        seen = local_process.observe_local(Path(run.run_dir), job_id, sub.submitted_at or sub.intent_at, self.caps)
+        if seen.attempt is None:
+            if (run_id, job_id) not in self._said_unknown:
+                self._said_unknown.add((run_id, job_id))
+                self._say(run_id, f"local job {job_id}: state unknown, waiting ({'; '.join(seen.basis[1:])})")
+            return None
+        attempts = known[1] if known is not None and known[0] == job_id and known[1] == [seen.attempt] \
+            else [seen.attempt]
+        self._local[run_id] = (job_id, attempts, seen.final)
+        return attempts
+
+    def _queue(self, state: RunState) -> Optional[str]:
+        """squeue's word on the job; a local job has no queue: \"\" (its attempt ended: its process is gone)."""
+        return "" if state.executor == LOCAL else queue_state(self.slurm, state.job_id)
 
     def _notify(self, step: Optional[Callable[..., Any]] = None, *args: Any) -> None:
         """Notifications (hpc_agent/watcher/notifier.py): a failing notifier, or a bug in one, is said and never stops a tick."""
@@ -274,7 +313,7 @@ class Watcher:
         want = wants(state, attempts)
         if want.files or state.phase is Phase.RECOVERING:
             state = observe.run_state(self.ledger, run, state)
-        queue = queue_state(self.slurm, state.job_id) if want.queue else NOT_ASKED
+        queue = self._queue(state) if want.queue else NOT_ASKED
         files = None
         if want.files:
             scalars = self._scalars.get(run.run_id) or observe.scalars_for(Path(run.run_dir), self.caps)
@@ -297,7 +336,7 @@ class Watcher:
             return
         self._quiet.pop(run.run_id, None)
         if outcome.ask_queue:
-            queue = queue_state(self.slurm, state.job_id)
+            queue = self._queue(state)
             outcome = follow(state, Observation(tuple(attempts), queue, files, live, successor=successor), self.limits)
         if outcome.ask_placement is not None and files is not None:
             facts = self._placement_facts(run.run_id, files.config, outcome.ask_placement)

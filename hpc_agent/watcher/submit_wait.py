@@ -1,8 +1,10 @@
-"""``submit --wait`` on Slurm: wait for the run's true end, repaired on the way, with live progress.
+"""``submit --wait``, on Slurm or the local executor: wait for the run's true end, repaired on the way, with live
+progress.
 
 The run is over when the watcher says so in the ledger (completed, stopped, or parked in
-needs_attention), not when its first job leaves the queue: a preempted job is requeued, an OOM-ed one
-resubmitted as a new job, and the wait follows the run's newest job. The watcher is whichever holds the
+needs_attention), not when its first job leaves the queue or its process exits: a preempted job is requeued,
+an OOM-ed one resubmitted as a new job (a local one as a new local process), and the wait follows the run's
+newest job. A local job is never sent to squeue or sacct: its state comes from its process and files. The watcher is whichever holds the
 runs root's lease, else this process's own (``hpc_agent.watcher.embedded``): nothing waits on a watcher
 that is not there. Under the kill switch nobody decides, so the wait ends once Slurm's state is final.
 """
@@ -41,8 +43,10 @@ def wait_run(runs_root: Path, run_id: str, timeout_s: float, *, slurm=None, poll
 
     slurm = slurm or SlurmCLI(timeout_s=60)
     ledger = Ledger.in_runs_root(runs_root)
+    latest = ledger.latest_submission(run_id)
     printer = make_printer(stream)
-    embedded = EmbeddedWatch(runs_root, slurm=slurm, out=out or chatter(), interval_s=poll_s)
+    embedded = EmbeddedWatch(runs_root, slurm=slurm, out=out or chatter(), interval_s=poll_s,
+                             node_memory=latest is None or latest.executor != "local")
     tracker = Tracker(ledger, slurm, printer)
     runs = [(f"run {run_id}", run_id)]
     deadline = time.monotonic() + timeout_s

@@ -164,7 +164,7 @@ def measure(n: int, ticks: int, work: Path, profile: bool) -> Dict[str, object]:
     print(f"  n={n:5d}: runs root built in {build_s:.2f} s", flush=True)
     slurm = CountingSlurm(SlurmCLI(timeout_s=60))
     ledger = Ledger.in_runs_root(root)
-    watcher = Watcher(ledger, slurm, runs_root=root, clock=time.time, dry_run=False, executor="slurm",
+    watcher = Watcher(ledger, slurm, runs_root=root, clock=time.time, dry_run=False,
                       out=lambda line: None, pause_file=root / "watch.paused")
     samples = []
     profiler = cProfile.Profile() if profile else None
@@ -271,7 +271,7 @@ def measure_poison(n: int, samples: int, work: Path, poison_kwargs: Optional[Dic
     slurm = SyntheticSlurm()
     ledger = Ledger.in_runs_root(root)
     lines: List[str] = []
-    watcher = Watcher(ledger, slurm, runs_root=root, clock=lambda: now[0], dry_run=False, executor="slurm",
+    watcher = Watcher(ledger, slurm, runs_root=root, clock=lambda: now[0], dry_run=False,
                       submit=_refuse_submit, out=lines.append, pause_file=root / "watch.paused", sacct_json=False)
     step = [1]
 

@@ -65,7 +65,8 @@ def _recording_sacct(tmp_path: Path) -> tuple[dict, Path]:
 def test_local_run_by_run_id_never_asks_sacct(root, tmp_path):
     env, record = _recording_sacct(tmp_path)
     proc = run_cli("-m", "hpc_agent.submit", "quickstart", "--executor", "local", "--wait", "--wait-timeout", "240",
-                   f"run.runs_root={root}", *LONG_RUN, "run.name=diag-local", *OOM, env=env, timeout=300)
+                   f"run.runs_root={root}", *LONG_RUN, "run.name=diag-local", *OOM, "watch.max_retries=0", env=env,
+                   timeout=300)  # no retry budget: --wait's watcher stops the run instead of repairing it
     assert "finished: FAILED" in proc.stdout, proc.stdout + proc.stderr
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
     pid = json.loads((run_dir / "run.json").read_text())["job_ids"][-1]

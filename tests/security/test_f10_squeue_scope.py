@@ -87,7 +87,7 @@ def test_settling_an_intent_never_adopts_another_users_job(tmp_path, fake_slurm_
     now[0] += 3600
     said: List[str] = []
     ctx = Context(ledger=ledger, slurm=SlurmCLI(timeout_s=30), submit=lambda *a, **k: pytest.fail("submitted"),
-                  executor="slurm", say=lambda run, text: said.append(text), clock=lambda: now[0])
+                  say=lambda run, text: said.append(text), clock=lambda: now[0])
     run = ledger.run("r")
     (sub,) = [s for s in ledger.submissions("r") if s.id == sid]
     assert settle_intent(ctx, run, sub) == MINE

@@ -83,10 +83,10 @@ def submit_ok(e: Env) -> List[str]:
 def submit_failed(e: Env) -> List[str]:
     """--wait, and the job ends FAILED (the local job and its wait are stand-ins: no process starts)."""
     import hpc_agent.jobs.submission as submission
-    from hpc_agent import submit
+    from hpc_agent.watcher import submit_wait
 
     e.mp.setattr(submission, "submit_attempt", lambda *a, **k: types.SimpleNamespace(job_id="41"))
-    e.mp.setattr(submit, "_wait", lambda *a, **k: "FAILED")
+    e.mp.setattr(submit_wait, "wait_run", lambda *a, **k: ("FAILED", "41", "stopped"))
     return ["quickstart", "--executor", "local", "--wait", f"run.runs_root={e.root}"]
 
 
@@ -287,7 +287,7 @@ CASES = {
     ("submit", PAUSED): submit_paused,
     ("submit", WONT_FIT): lambda e: ["quickstart", *BIG, f"run.runs_root={e.root}", "--executor", "local"],
     ("watch", OK): lambda e: (e.slurm(lambda argv: (0, "", "")),
-                              ["--runs-root", str(e.ledger()), "--once", "--dry-run", "--executor", "local"])[1],
+                              ["--runs-root", str(e.ledger()), "--once", "--dry-run"])[1],
     ("watch", USAGE): lambda e: ["--runs-root", str(e.root), "--interval", "0"],
     ("watch", BUSY): watch_busy,
     ("diagnose", OK): lambda e: ["--sacct-file", str(SACCT / "completed.txt"), "--runs-root", str(e.root)],

@@ -251,7 +251,7 @@ def test_release_lease_moves_only_the_ended_jobs_own_lease(tmp_path):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     run = Run("r", "t", str(run_dir), 0.0, "recovering")
-    ctx = effects.Context(None, None, None, "slurm", lambda *a: None, lambda: T)
+    ctx = effects.Context(None, None, None, lambda *a: None, lambda: T)
     lease = rundir.lease_path(run_dir)
     other = {"job_id": "77", "attempt": 0, "host": "node1", "pid": 1, "heartbeat": T, "started": T, "token": "x"}
     lease.write_text(json.dumps(other))

@@ -144,3 +144,59 @@ def test_local_facts_on_another_host_cannot_tell(tmp_path):
     facts = local_facts(run_dir, str(os.getpid()), [LogText("4242_0_log.out", START.replace("4242", str(os.getpid())))],
                         [0])
     assert facts.alive is None and "it ran on lap" in facts.alive_basis
+
+
+# --- the watcher's attempt of a local job (pure) ----------------------------------------------------------------
+T0 = 1.8e9  # a start, epoch seconds
+
+
+@pytest.mark.parametrize("state, code, started, ended, fields", [
+    ("RUNNING", "", T0, None, {"State": "RUNNING", "End": "Unknown", "Elapsed": None}),
+    ("RUNNING", "", T0, T0 + 99, {"End": "Unknown", "Elapsed": None}),  # a running job's end is not its log's mtime
+    ("COMPLETED", "0:0", T0, T0 + 65, {"State": "COMPLETED", "ExitCode": "0:0", "Elapsed": "00:01:05"}),
+    ("COMPLETED", "", T0, T0 + 65, {"ExitCode": "0:0"}),
+    ("FAILED", "3:0", T0, T0 + 90061, {"State": "FAILED", "ExitCode": "3:0", "Elapsed": "1-01:01:01"}),
+    ("FAILED", "", T0, None, {"ExitCode": "", "End": "Unknown", "Elapsed": None}),  # no file to date the end
+    ("FAILED", "1:0", T0, T0 - 30, {"Elapsed": "00:00:00"}),  # a file dated before the start: never a negative time
+    ("FAILED", "1:0", None, T0, {"Start": "Unknown", "Elapsed": None}),
+], ids=["running", "running-log-touched", "completed", "completed-no-code", "failed-a-day", "failed-undated",
+        "end-before-start", "start-unknown"])
+def test_local_row_is_the_sacct_row_of_a_local_job(state, code, started, ended, fields):
+    from hpc_agent.diagnosis.local_job import local_row, sacct_time
+
+    row = local_row("4242", state, code, started, ended, host="lap.example.org")
+    assert row is not None and (row.job_id, row.base_id, row.step) == ("4242", "4242", None)
+    assert row.get("NodeList") == "lap" and row.nodes == ["lap"]
+    expected = {"Start": sacct_time(started), **fields}
+    for name, value in expected.items():
+        assert (row.fields.get(name)) == value, (name, row.fields)
+
+
+def test_local_attempt_reads_like_one_from_sacct():
+    from hpc_agent.diagnosis.local_job import local_attempt
+    from hpc_agent.watcher.observe import attempt_end, attempt_start
+
+    attempt = local_attempt("4242", "FAILED", "3:0", T0, T0 + 65)
+    assert (attempt.job_id, attempt.index, attempt.state, attempt.exit_code) == ("4242", 0, "FAILED", "3:0")
+    assert (attempt_start(attempt), attempt_end(attempt)) == (T0, T0 + 65)  # the watcher's readers of sacct times
+    assert local_attempt("4242", "", "", T0, None) is None  # state unknown: no attempt (the watcher waits)
+    assert local_attempt("local", "RUNNING", "", T0, None) is None  # not a process id
+
+
+def test_observe_local_of_a_live_job_reads_no_file(tmp_path):
+    from hpc_agent.jobs.local_process import observe_local
+
+    run_dir = tmp_path / "run"
+    folder = rundir.slurm_dir(run_dir)
+    folder.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(folder)])
+    try:
+        (folder / f"{proc.pid}_0_log.out").write_text(OOM_EXIT + "\n")  # an exit line while alive: still running
+        seen = observe_local(run_dir, str(proc.pid), T0)
+        assert seen.attempt.state == "RUNNING" and not seen.final and seen.attempt.end == "Unknown"
+    finally:
+        proc.kill()
+        proc.wait()
+    seen = observe_local(run_dir, str(proc.pid), T0)
+    assert (seen.attempt.state, seen.attempt.exit_code, seen.final) == ("FAILED", "3:0", True)
+    assert seen.attempt.end != "Unknown"  # dated by the log's mtime

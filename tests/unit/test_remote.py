@@ -275,7 +275,7 @@ def test_status_lines_for_a_reviewed_run(tmp_path):
     assert (line["run_id"], line["phase"], line["job_id"], line["slurm_state"]) == (RUN_ID, "completed", "1002", "COMPLETED")
     assert (line["step"], line["max_steps"]) == (100, 100) and line["last_step_age_s"] > 0
     text = status.render([line])
-    assert text.splitlines()[0].split()[:4] == ["run", "phase", "job", "slurm"]
+    assert text.splitlines()[0].split()[:4] == ["run", "phase", "job", "state"]  # Slurm's, or a local process's
     assert RUN_ID in text and "100/100" in text and "ago" in text
 
 
@@ -302,7 +302,10 @@ def test_status_never_sends_a_local_runs_process_id_to_sacct(tmp_path):
     lines = {line["run_id"]: line for line in status.collect(tmp_path / "runs", cli=FakeCLI())}
     assert asked == [["1002"]]
     assert lines[RUN_ID]["slurm_state"] == "COMPLETED"
-    assert "gpt-local" not in lines or (lines["gpt-local"]["job_id"], lines["gpt-local"]["slurm_state"]) == ("4242", None)
+    # Its state from its process and files: process 4242 is not this run's (no command line names its folder),
+    # and it left no result: it ended without success.
+    assert "gpt-local" not in lines or (lines["gpt-local"]["job_id"], lines["gpt-local"]["slurm_state"]) == \
+        ("4242", "FAILED (local)")
 
 
 def test_status_cli_without_a_runs_root(tmp_path, capsys):

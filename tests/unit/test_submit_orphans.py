@@ -173,20 +173,22 @@ class _Canary:
     ("torn", "FAILED"),
     (None, "FAILED"),  # the job died before writing any result
 ])
-def test_local_wait_reads_the_result_pickle_without_unpickling_it(tmp_path, content, state):
+def test_a_local_jobs_end_is_read_from_its_result_pickle_without_unpickling_it(tmp_path, content, state):
+    """What ``submit --wait`` and the watcher read of an ended local job (``local_process.observe_local``)."""
     import pickle
 
-    from submitit.core.utils import JobPaths, cloudpickle_dump
+    from hpc_agent.core import rundir
+    from hpc_agent.jobs.local_process import observe_local
 
-    paths, canary = JobPaths(tmp_path, job_id="77"), tmp_path / "canary"
-    paths.folder.mkdir(parents=True, exist_ok=True)
+    run_dir, canary = tmp_path / "run", tmp_path / "canary"
+    rundir.slurm_dir(run_dir).mkdir(parents=True)
+    result = rundir.result_path(run_dir, "77", 0)
     if content in ("success", "error"):
-        cloudpickle_dump((content, 0 if content == "success" else "Traceback ..."), paths.result_pickle)
+        result.write_bytes(pickle.dumps((content, 0 if content == "success" else "Traceback ...")))
     elif content == "canary":
-        paths.result_pickle.write_bytes(pickle.dumps(_Canary(canary)))
+        result.write_bytes(pickle.dumps(_Canary(canary)))
     elif content == "torn":
-        paths.result_pickle.write_bytes(pickle.dumps(("success", 0))[:-2])
-    job = SimpleNamespace(done=lambda: True, paths=paths,
-                          result=lambda: pytest.fail("job.result() unpickles a job-written file"))
-    assert submit._wait("local", job, "77", 5) == state
+        result.write_bytes(pickle.dumps(("success", 0))[:-2])
+    seen = observe_local(run_dir, "77", 1.0e9)  # pid 77 is not this job's (its command line names no run dir)
+    assert seen.attempt is not None and seen.attempt.state == state and seen.final, seen.basis
     assert not canary.exists()
