@@ -13,7 +13,8 @@ without root": ``pip install``, ``init``, ``prepare``, ``doctor``, ``submit``, `
    next to itself (``Path(__file__).parent / "params.json"``) and a data file by a relative path, each
    run under Slurm with ``--wait`` to COMPLETED, and the same two on the local executor;
 4. ``status`` and ``review`` show all four completed, one attempt each, ETTR above 0;
-5. ``export`` of the Slurm model run gives a ``model.safetensors`` that loads into the user's model.
+5. ``export`` of the Slurm model run: the load lines its README gives, run as they are,
+   load ``model.safetensors`` into the user's own model.
 
 The time of each step and of the whole tour is printed (``pytest -s``) and kept in the assertion messages.
 """
@@ -72,9 +73,10 @@ class Tour:
         self.env = {"PATH": f"{self.venv}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "USER": user.name,
                     "LOGNAME": user.name, "LANG": "C.UTF-8", "TMPDIR": str(home / "tmp")}
 
-    def run(self, label: str, argv: List[str], timeout: float = 300, cwd: Path | None = None):
+    def run(self, label: str, argv: List[str], timeout: float = 300, cwd: Path | None = None,
+            extra_env: Dict[str, str] | None = None):
         started = time.monotonic()
-        done = self.user.run(argv, cwd=cwd or self.project, timeout=timeout, env=self.env)
+        done = self.user.run(argv, cwd=cwd or self.project, timeout=timeout, env={**self.env, **(extra_env or {})})
         self.times[label] = self.times.get(label, 0.0) + time.monotonic() - started
         print(f"[tour] {label}: exit {done.returncode} after {time.monotonic() - started:.1f} s", flush=True)
         return done
@@ -229,13 +231,13 @@ def test_new_user_tour(tour):
     out = tour.home / "exported"
     exported = tour.agent("export", "export", runs["model on slurm"], "--out", str(out), timeout=300)
     assert exported.returncode == 0, _out(exported)
+    readme = (out / "README.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", readme, re.S)  # the README's own load lines, run as they are
+    assert "my_model.model" in code, readme
     loaded = tour.run("export", [str(tour.venv / "bin" / "python"), "-c",
-                                 "import json, sys\n"
-                                 "from safetensors.torch import load_file\n"
-                                 "sys.path.insert(0, '.')\n"
-                                 f"state = load_file({str(out / 'model.safetensors')!r})\n"
-                                 "print(len(state), sorted(state)[0])\n"])
-    assert loaded.returncode == 0, _out(loaded)
+                                 code + "\nprint('loaded', sum(p.numel() for p in model.parameters()), 'parameters')\n"],
+                      cwd=out, extra_env={"PYTHONPATH": str(project)})
+    assert loaded.returncode == 0 and "loaded" in loaded.stdout, _out(loaded) + "\n" + code
     assert (out / "config.json").is_file() and (out / "README.md").is_file()
     total = time.monotonic() - started
     print(f"[tour] end to end: {total:.0f} s ({tour.summary()})", flush=True)
