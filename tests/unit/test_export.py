@@ -1,5 +1,5 @@
 """hpc-agent export: the pure choice of checkpoint and metric direction (tables), the README, and the command's
-exit-2 cases on run directories made here (no torch: the consolidation is a stand-in; tests/job/test_export.py
+exit-2 cases on run directories made here (no torch: the consolidation is a stand-in; tests/job/test_export_weights.py
 runs the real one on trained runs)."""
 from __future__ import annotations
 

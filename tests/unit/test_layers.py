@@ -481,6 +481,16 @@ def test_the_misplaced_tests():
     assert all(any((REPO / "tests" / kind).glob("test_*.py")) for kind in TEST_DIRS)
 
 
+def test_test_file_names_are_unique_across_the_folders():
+    """The test folders are not packages: pytest imports each test file by its base name, so two files of one
+    name (tests/unit/test_x.py and tests/job/test_x.py) stop the whole run at collection ("import file
+    mismatch"), and only the run that collects both folders (CI's) sees it."""
+    seen: dict = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
 @pytest.mark.parametrize("where, source, expected", [
     ("test_loose.py", "def test_x():\n    pass\n", "tests/test_loose.py: a test outside"),
     ("unit/test_t.py", "def test_x():\n    import torch\n", "tests/unit/test_t.py:2: imports torch"),
