@@ -194,7 +194,13 @@ def goodput_main(args: argparse.Namespace, runs: Sequence[Dict[str, Any]], bad: 
     except SacctFormatError as exc:
         print(f"review: sacct's reply is not sacct output: {exc}", file=sys.stderr)
         return exit_status.FAILED
-    results = [goodput_of(r, jobs) for r in runs]
+    results = []
+    for r in runs:
+        try:
+            results.append(goodput_of(r, jobs))
+        except Exception as exc:  # noqa: BLE001 - one run's files must not hide the others
+            bad.append({"run_dir": r["run_dir"], "problem": f"goodput not computed: {type(exc).__name__}: "
+                                                            f"{str(exc)[:300]}"})
     counted = [g for g in results if g["account"] is not None]
     total = totals([g["account"] for g in counted]) if counted else None
     rows = [g["row"] for g in counted]

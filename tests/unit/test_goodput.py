@@ -342,3 +342,19 @@ def test_review_goodput_asks_sacct_once_for_every_job(goodput_run, capsys, monke
     monkeypatch.setattr(SlurmCLI, "available", staticmethod(lambda: False))
     assert main([str(run_dir), "--goodput"]) == 2
     assert "--sacct-file" in capsys.readouterr().err
+
+
+def test_sacct_json_gives_the_columns_goodput_reads():
+    """A saved ``sacct --json`` reply: Eligible and AllocTRES come through like text mode's columns."""
+    from hpc_agent.slurm.sacct_json import parse_sacct_json
+
+    job = {"job_id": 77, "name": "gpt", "state": {"current": ["PREEMPTED"]}, "exit_code": {"return_code": 0},
+           "time": {"submission": int(T), "eligible": int(T) + 5, "start": int(T) + 20, "end": int(T) + 120,
+                    "elapsed": 100},
+           "tres": {"allocated": [{"type": "cpu", "name": "", "count": 8}, {"type": "gres", "name": "gpu", "count": 4},
+                                  {"type": "mem", "count": {"set": True, "number": 1024}}, "junk"]}}
+    [row] = parse_sacct_json(json.dumps({"jobs": [job]}))
+    assert row.get("Eligible") == _at(5) and devices_of(row.get("AllocTRES")) == 4
+    wins, _ = windows(group_attempts([row])["77"], default_devices=1)
+    acc = account(wins, [], {}, [], T + 500)
+    assert acc["allocated_s"] == 400 and acc["queued_s"] == 60 and wins[0].cause == "preempted"
