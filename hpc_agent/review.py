@@ -326,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     from hpc_agent.sweep.trials_table import is_sweep_dir  # a sweep dir: its trials table and objective plot instead
 
-    if is_sweep_dir(path):
+    if is_sweep_dir(path) and not args.goodput:  # --goodput: the goodput of the runs under it instead
         from hpc_agent.core.extras import MissingExtra
         from hpc_agent.sweep.trials_table import review_sweep
 

@@ -358,3 +358,14 @@ def test_sacct_json_gives_the_columns_goodput_reads():
     wins, _ = windows(group_attempts([row])["77"], default_devices=1)
     acc = account(wins, [], {}, [], T + 500)
     assert acc["allocated_s"] == 400 and acc["queued_s"] == 60 and wins[0].cause == "preempted"
+
+
+def test_review_goodput_cpu_only_counts_one_device_and_says_so(goodput_run, capsys):
+    run_dir, sacct = goodput_run
+    sacct.write_text(SACCT.replace("gres/gpu=2,", ""))  # a CPU-only allocation; the config asks for no GPU
+    assert main([str(run_dir), "--goodput", "--json", "--sacct-file", str(sacct)]) == 0
+    out = capsys.readouterr()
+    [run] = json.loads(out.out)["runs"]
+    assert run["account"]["allocated_s"] == pytest.approx(400)  # 1 device per attempt
+    assert run["account"]["device_s"]["hang"] == pytest.approx(163)
+    assert "CPU-only" in run["devices_note"] and "CPU-only: each attempt counts as 1 device" in out.err
