@@ -217,8 +217,11 @@ def windows(attempts: Sequence[Attempt], default_devices: int) -> Tuple[List[Win
             notes.append(f"job {a.job_id} attempt {a.index}: End before Start in sacct; counted as no allocation")
             end = start
         devices = devices_of(get("AllocTRES"))
-        if "AllocTRES" not in (row.fields if row is not None else {}) and a.index == 0:
+        columns = row.fields if row is not None else {}
+        if a.index == 0 and "AllocTRES" not in columns:
             notes.append(f"job {a.job_id}: sacct has no AllocTRES column; devices from the run config")
+        if a.index == 0 and "Eligible" not in columns and "Submit" not in columns:
+            notes.append(f"job {a.job_id}: sacct has no Eligible or Submit column; its queued time is counted as 0")
         cause = classify_attempt(a).cause.value
         out.append(Window(a.job_id, a.index, a.state, cause, sacct_epoch(get("Submit")), sacct_epoch(get("Eligible")),
                           start, end, devices if devices else default_devices, bool(devices)))
@@ -289,11 +292,11 @@ def account(wins: Sequence[Window], points: Sequence[StepPoint], end_causes: Map
         if w.start is not None:
             lo, hi = w.start, w.end if w.end is not None else max(now, w.start)
             alloc = hi - lo
-            kept = _sanitised(lo, hi, pts)
-            before, gaps, between, after = _split(lo, hi, [(p.step, p.wall, p.step_s) for p in kept], gap_s)
-            for p in kept:
+            clipped = _sanitised(lo, hi, pts)
+            before, gaps, between, after = _split(lo, hi, [(p.step, p.wall, p.step_s) for p in clipped], gap_s)
+            for p in clipped:
                 part[PRODUCTIVE if p.kept else "steps_redone"] += p.step_s
-            redone_steps += sum(1 for p in kept if not p.kept)
+            redone_steps += sum(1 for p in clipped if not p.kept)
             part["restart_overhead"] += before
             part["other"] += between
             end_bucket = _bucket_of(cause)
@@ -302,7 +305,7 @@ def account(wins: Sequence[Window], points: Sequence[StepPoint], end_causes: Map
                 other_by_cause[cause] = other_by_cause.get(cause, 0.0) + after * w.devices
             repairs = sorted((r for r in in_job if r.attempt == k), key=lambda r: r.step or 0)
             for i, idle in gaps:
-                prev_step = kept[i - 1].step
+                prev_step = clipped[i - 1].step
                 repair = next((r for r in repairs if r.step is None or r.step - 1 <= prev_step), None)
                 if repair is not None:
                     repairs.remove(repair)

@@ -289,6 +289,8 @@ def test_windows_from_sacct_rows():
     assert wins[2].start == pytest.approx(T + 270) and wins[3].end == wins[3].start
     assert all(w.devices == 3 and not w.devices_from_sacct for w in wins)
     assert any("no AllocTRES" in n for n in notes) and any("End before Start" in n for n in notes)
+    assert any("no Eligible or Submit column" in n for n in notes)
+    assert account(wins, [], {}, [], T + 1000)["queued_s"] == 0
 
 
 @pytest.mark.parametrize("tres, expected", [
