@@ -1,6 +1,7 @@
 """Review finished or running runs: a table, JSON, a plot with attempt boundaries, or a live TensorBoard.
 
     python -m hpc_agent.review RUN_DIR|RUNS_ROOT [--json] [--plot OUT.png] [--serve [--port N] [--host H --token-file F]]
+    python -m hpc_agent.review RUN_DIR|RUNS_ROOT --goodput [--json | --csv] [--plot OUT.png] [--sacct-file F]
 
 Login-node code: no torch. TensorBoard, matplotlib and rich are imported inside the functions using them.
 """
@@ -139,12 +140,127 @@ def serve(logdir: Path, port: Optional[int], seconds: Optional[float], stream=No
     return EXIT_OK
 
 
+# --- goodput ----------------------------------------------------------------------------------------------
+def goodput_usage_problem(args: argparse.Namespace) -> Optional[str]:
+    if (args.csv or args.sacct_file) and not args.goodput:
+        return f"{'--csv' if args.csv else '--sacct-file'} goes with --goodput (review RUN --goodput --csv)"
+    if args.goodput and args.json and args.csv:
+        return "--goodput: give --json or --csv, not both"
+    if args.goodput and args.serve:
+        return "--goodput and --serve do not go together: run them as two commands"
+    return None
+
+
+def goodput_sacct(args: argparse.Namespace, job_ids: Sequence[str]) -> Tuple[Optional[str], Optional[str], int]:
+    """``(sacct text, None, OK)`` from --sacct-file or one batched sacct call; ``(None, message, exit code)`` when
+    neither can be had (USAGE: no sacct here, or a file that is no sacct output; FAILED: sacct did not answer)."""
+    from hpc_agent.runs.goodput import GOODPUT_FIELDS
+
+    if args.sacct_file:
+        from hpc_agent.diagnose import UsageError, read_sacct_file
+
+        try:
+            return read_sacct_file(args.sacct_file), None, EXIT_OK
+        except UsageError as exc:
+            return None, str(exc), EXIT_USAGE
+    if not job_ids:
+        return "", None, EXIT_OK
+    from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+
+    if not SlurmCLI.available():
+        return None, ("--goodput needs sacct, and there is none here: run it on the login node, or save the jobs' "
+                      "rows there and give them with --sacct-file F (sacct -D -P --format="
+                      f"{','.join(GOODPUT_FIELDS)} -j {','.join(job_ids)})"), EXIT_USAGE
+    try:
+        return SlurmCLI().sacct(list(job_ids), fields=GOODPUT_FIELDS), None, EXIT_OK
+    except SlurmError as exc:
+        return None, f"sacct failed ({exc}); try again, or give a saved reply with --sacct-file F", exit_status.FAILED
+
+
+def goodput_main(args: argparse.Namespace, runs: Sequence[Dict[str, Any]], bad: List[Dict[str, str]]) -> int:
+    import csv
+
+    from hpc_agent.runs.goodput import BUCKETS, summary_row, totals
+    from hpc_agent.runs.history import goodput_job_ids, goodput_of
+    from hpc_agent.slurm.sacct import SacctFormatError, group_attempts
+    from hpc_agent.slurm.sacct_read import read_sacct
+
+    text, problem, code = goodput_sacct(args, goodput_job_ids(runs))
+    if problem:
+        print(f"review: {problem}", file=sys.stderr)
+        return code
+    try:
+        jobs = group_attempts(read_sacct(text).rows) if text and text.strip() else {}
+    except SacctFormatError as exc:
+        print(f"review: sacct's reply is not sacct output: {exc}", file=sys.stderr)
+        return exit_status.FAILED
+    results = []
+    for r in runs:
+        try:
+            results.append(goodput_of(r, jobs))
+        except Exception as exc:  # noqa: BLE001 - one run's files must not hide the others
+            bad.append({"run_dir": r["run_dir"], "problem": f"goodput not computed: {type(exc).__name__}: "
+                                                            f"{str(exc)[:300]}"})
+    counted = [g for g in results if g["account"] is not None]
+    total = totals([g["account"] for g in counted]) if counted else None
+    rows = [g["row"] for g in counted]
+    total_row = summary_row("total", total) if total else None
+    if args.json:
+        print(json.dumps({"runs": results, "total": total, "buckets": list(BUCKETS), "problems": bad},
+                         indent=2, default=str))
+    elif args.csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(summary_row("", totals([])).keys()), lineterminator="\n")
+        writer.writeheader()
+        for row in rows + ([total_row] if total_row else []):
+            writer.writerow(row)
+    else:
+        render_goodput(rows, total_row)
+    for g in results:
+        for line in ([g["problem"]] if g.get("problem") else []) + g["notes"] + ([g["devices_note"]] if
+                                                                               g["devices_note"] and g["account"] else []):
+            print("".join(c if c.isprintable() else "?" for c in f"review: {g['run_id']}: {line}"), file=sys.stderr)
+    for line in problem_lines(bad):
+        print(f"review: {line}", file=sys.stderr)
+    if args.plot and rows:
+        from hpc_agent.runs.plot import plot_goodput
+
+        out = plot_goodput(rows, Path(args.plot))
+        if not (args.json or args.csv):
+            print(f"plot: {out}")
+    return exit_status.FAILED if bad else EXIT_OK
+
+
+def render_goodput(rows: Sequence[Dict[str, Any]], total: Optional[Dict[str, Any]], console=None) -> None:
+    """Device-hours per bucket, one row per run and a total; a bucket that is zero for every run is left out."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from hpc_agent.runs.goodput import BUCKETS
+
+    shown = [b for b in BUCKETS if b == "productive" or any(r[f"{b}_h"] for r in rows)]
+    table = Table(title="goodput (device-hours; ETTR = productive / (queued while eligible + allocated))")
+    for col in ["run", "allocated", "queued"] + [b.replace("_", " ") for b in shown] + ["ETTR"]:
+        table.add_column(col, overflow="fold", justify="left" if col == "run" else "right")
+    for r in list(rows) + ([total] if total else []):
+        table.add_row(str(r["run"]), f"{r['allocated_h']:.3f}", f"{r['queued_h']:.3f}",
+                      *[f"{r[f'{b}_h']:.3f}" for b in shown], f"{r['ettr']:.3f}" if r["ettr"] is not None else "-")
+    (console or Console(width=200)).print(table)
+
+
 # --- CLI --------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=invocation.prog("review"), description=__doc__.split("\n")[0])
     p.add_argument("path", help="a run directory, or a runs root (with ledger.sqlite) for all its runs")
     p.add_argument("--json", action="store_true", help='print {"runs": [...]} instead of the table')
     p.add_argument("--plot", metavar="OUT.png", help="save loss/LR/throughput plots with attempt boundaries")
+    p.add_argument("--goodput", action="store_true",
+                   help="where each run's allocated GPU-hours went (productive, queued while eligible, lost by cause: "
+                        "preemption, OOM, hang, node failure, divergence, restart overhead, steps redone, checkpoint "
+                        "save, other) and Meta's ETTR, from one sacct call, the ledger and TensorBoard (docs/review.md)")
+    p.add_argument("--csv", action="store_true", help="with --goodput: print the table as CSV (hours), a total row last")
+    p.add_argument("--sacct-file", metavar="F", default=None,
+                   help="with --goodput: a saved sacct reply instead of asking Slurm (sacct -D -P --format="
+                        "JobID,JobName,State,ExitCode,NodeList,Submit,Eligible,Start,End,Elapsed,AllocTRES -j IDS)")
     p.add_argument("--serve", action="store_true", help="run TensorBoard on the run's tb/ (or the root) until Ctrl-C")
     p.add_argument("--port", type=int, default=None, help="port for --serve (default: a free one)")
     p.add_argument("--host", default="127.0.0.1",
@@ -193,6 +309,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.pull:
         print("review: --pull needs --remote USER@HOST", file=sys.stderr)
         return EXIT_USAGE
+    problem = goodput_usage_problem(args)
+    if problem:
+        print(f"review: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if args.serve:  # refuse an unsafe bind before reading anything
         from hpc_agent.runs.serve import bind_problem, token_from
 
@@ -206,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     from hpc_agent.sweep.trials_table import is_sweep_dir  # a sweep dir: its trials table and objective plot instead
 
-    if is_sweep_dir(path):
+    if is_sweep_dir(path) and not args.goodput:  # --goodput: the goodput of the runs under it instead
         from hpc_agent.core.extras import MissingExtra
         from hpc_agent.sweep.trials_table import review_sweep
 
@@ -220,6 +340,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"review: no runs under {path} (no {', '.join(rundir.MARKERS)})", file=sys.stderr)
         return EXIT_USAGE
     runs, bad = review_runs(run_dirs, runs_root, caps=args.read_caps)
+    if args.goodput:
+        return goodput_main(args, runs, bad)
     if args.json:
         print(json.dumps({"runs": [public(r) for r in runs], "problems": bad}, indent=2, default=str))
     else:

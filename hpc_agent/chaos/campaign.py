@@ -16,12 +16,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from hpc_agent.chaos import inject
 from hpc_agent.chaos.log_segments import Progress, parse_progress, recovered_segment, steps_lost
-from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, ettr, fault_checks,
-                                    final_checkpoint_check, time_lost)
+from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, fault_checks,
+                                    final_checkpoint_check)
 from hpc_agent.chaos.schedule import (CTLD_RESTART, INTERRUPTING, KILL_DURING_SAVE, NODE_FAIL, PREEMPT, RUNTIME_KINDS,
                                       WATCHER_KILL, Fault)
 from hpc_agent.config.load import load_run_config
 from hpc_agent.core import rundir
+from hpc_agent.runs.goodput import time_lost, wall_ettr
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
 STALL_S = 30.0  # a target whose last logged step has not moved for this long is not training
@@ -334,7 +335,7 @@ class ChaosDriver:
                   *fault_checks([r for r in self.records if r.target == t.name])]
         lost = time_lost(start, end, kept) if start else None
         productive = lost["productive_s"] if lost else sum(p[2] for p in kept)  # steps that ended in the window
-        return TargetSummary(t.name, t.done_at is not None, max_steps, ettr(productive, start, end), productive,
+        return TargetSummary(t.name, t.done_at is not None, max_steps, wall_ettr(productive, start, end), productive,
                              round(end - start, 1) if start else 0.0, checks, lost)
 
 

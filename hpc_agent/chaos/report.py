@@ -4,13 +4,14 @@ Steps lost for a fault = the last step the ended attempt logged - the step the n
 from. P3 (steps lost per *signalled* preemption) is that number over the ``preempt`` faults only.
 ETTR = productive training time (the step times of the kept steps that ended by then) / wall time from
 submission to the end (completion, or the time the run was given when it did not complete), so a run that
-never comes back is charged for the rest; :func:`time_lost` says where the rest of the wall time went.
+never comes back is charged for the rest; :func:`hpc_agent.runs.goodput.time_lost` says where the rest of the
+wall time went. Both come from the one home for time accounting, :mod:`hpc_agent.runs.goodput`.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from hpc_agent.chaos.schedule import PREEMPT
 
@@ -58,38 +59,7 @@ class TargetSummary:
     wall_s: float
     checks: List[Check] = field(default_factory=list)
     time_lost: Optional[Dict[str, Any]] = None
-    """:func:`time_lost` of the kept step series (None without a start time)."""
-
-
-GAP_S = 1.0
-"""Wall time between two kept steps beyond their step time, above which it counts as a gap (a fault's recovery,
-with whatever it trained again) rather than the loop's own work between steps (logging, snapshots: ~1 ms)."""
-
-
-def time_lost(start: float, end: float, points: Sequence[Tuple[int, float, float]], gap_s: float = GAP_S) -> Dict[str, Any]:
-    """ETTR's productive time and where the rest of the wall time went, from the kept step series: ``points``
-    are ``(step, wall_time, step_time)`` of each kept step (the wall time is taken as the step ended). Only
-    steps that ended by ``end`` count: a run that goes on training while its summary is read must not be
-    credited with steps past its window. The parts add up to ``end - start - productive_s``: before the first
-    step, each gap (sorted by size; ``at_s``: seconds from ``start`` to the step before it), the loop's time
-    between steps, and after the last step."""
-    points = sorted(p for p in points if p[1] <= end)
-    productive = sum(p[2] for p in points)
-    before = points[0][1] - points[0][2] - start if points else end - start  # nothing trained: all of it
-    gaps: List[Dict[str, Any]] = []
-    between = 0.0
-    for (_, wall_a, _), (step_b, wall_b, time_b) in zip(points, points[1:]):
-        idle = wall_b - wall_a - time_b
-        if idle > gap_s:
-            gaps.append({"before_step": step_b, "at_s": round(wall_a - start, 3), "s": round(idle, 3)})
-        else:
-            between += idle
-    after = end - points[-1][1] if points else 0.0
-    gaps_s = sum(g["s"] for g in gaps)
-    return {"productive_s": round(productive, 3), "before_first_step_s": round(before, 3),
-            "gaps": sorted(gaps, key=lambda g: -g["s"]),
-            "gaps_s": round(gaps_s, 3), "between_steps_s": round(between, 3), "after_last_step_s": round(after, 3),
-            "lost_s": round(before + gaps_s + between + after, 3)}
+    """:func:`hpc_agent.runs.goodput.time_lost` of the kept step series (None without a start time)."""
 
 
 def ended_after(ends: Sequence[float], injected_at: float, until: float) -> Optional[float]:
@@ -97,12 +67,6 @@ def ended_after(ends: Sequence[float], injected_at: float, until: float) -> Opti
     attempt ended within that second) that lies between the injection and ``until``; None if none does."""
     hit = [e for e in ends if e + 1.0 > injected_at and e <= until]
     return round(max(0.0, min(hit) + 0.5 - injected_at), 1) if hit else None
-
-
-def ettr(productive_s: float, start: Optional[float], end: Optional[float]) -> Optional[float]:
-    if start is None or end is None or end <= start:
-        return None
-    return round(min(1.0, productive_s / (end - start)), 4)
 
 
 def continuity_check(steps: Sequence[int], max_steps: int) -> Check:

@@ -35,7 +35,7 @@ from hpc_agent.core.exit_codes import announced_exit_code
 from hpc_agent.core.rundir import LogText
 from hpc_agent.diagnosis.classify import Diagnosis, classify_attempt, classify_logs
 from hpc_agent.metrics.alarm_kinds import Alarm
-from hpc_agent.slurm.sacct import Attempt, SacctRow, row_from_fields
+from hpc_agent.slurm.sacct import SACCT_TIME, Attempt, SacctRow, row_from_fields
 
 SUCCESS, ERROR = "success", "error"  # the first string of submitit's result pickle
 _HOST_RE = re.compile(r"JobEnvironment\(job_id=(?P<job>[^,\s)]+), hostname=(?P<host>[^,\s)]+)")
@@ -116,7 +116,6 @@ def classify_local(facts: LocalFacts, logs: Sequence[LogText], alarms: Sequence[
     return replace(found, evidence=tuple(basis) + rest)
 
 
-SACCT_TIME = "%Y-%m-%dT%H:%M:%S"  # sacct's Start/End: local time, whole seconds (watcher.observe.sacct_epoch reads it)
 
 
 def sacct_time(at: Optional[float]) -> str:

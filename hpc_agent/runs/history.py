@@ -13,10 +13,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.config.load import load_run_config
 from hpc_agent.core import rundir
+from hpc_agent.core.in_job_journal import ADAPT_CAUSE
 from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps
 from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
+from hpc_agent.runs.goodput import InJob, StepPoint, account, summary_row, wall_ettr, windows
 from hpc_agent.runs.liveness import read_live
 from hpc_agent.runs.plot import attempts_shown, boundary_labels, in_job_markers, is_notice
+from hpc_agent.slurm.sacct import Attempt, job_key_of
 from hpc_agent.state.ledger import LEDGER_FILE
 from hpc_agent.state.lifecycle import TERMINAL, Phase
 
@@ -166,6 +169,29 @@ def decision_list(rows: List[Any], events: List[Dict[str, Any]]) -> List[Dict[st
              "patch": d.patch, "in_job": False, "step": None} for d in rows]
 
 
+def step_points(scalars: Scalars) -> List[StepPoint]:
+    """Every step time TensorBoard holds, each marked kept or not (a later point of the same step replaced it:
+    a resume or an in-job rollback went back before it). Goodput's step input."""
+    winners = {id(p) for p in scalars.series(STEP_TIME)}
+    return [StepPoint(p.step, p.wall_time, max(0.0, p.value), id(p) in winners) for _, p in scalars.raw(STEP_TIME)]
+
+
+def end_causes(events: List[Dict[str, Any]], rows: List[Any]) -> Dict[int, str]:
+    """The run-wide, 1-based attempt number -> why it ended, from the watcher's records (a decision wins over a
+    bare record such as the expedite of a preempted job); the ledger's decision rows stand in where events.jsonl
+    has none. The job's in-job repairs and the watcher's notices end nothing."""
+    out: Dict[int, str] = {}
+    for d in decision_list(rows, events):
+        if not d["in_job"] and isinstance(d.get("attempt"), int) and d.get("cause"):
+            out.setdefault(d["attempt"], str(d["cause"]))
+    for e in events:
+        attempt, cause = e.get("attempt"), e.get("cause")
+        if (isinstance(attempt, int) and cause and e.get("decided_in") != "job" and not is_notice(e)
+                and cause not in ("running", "pending")):
+            out.setdefault(attempt, str(cause))
+    return out
+
+
 def _step_tag(scalars: Scalars) -> str:
     """The tag logged once per optimizer step: the step time, or the loss in older runs."""
     return STEP_TIME if scalars.raw(STEP_TIME) else LOSS
@@ -214,10 +240,14 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
     problems += foreign
     if phase is None:
         phase = "completed" if any(e.get("cause") == "completed" for e in events) else "unknown"
-    max_steps = None
+    max_steps = ckpt_every = None
+    devices, devices_note = 1, "no run config: 1 device per attempt unless sacct's AllocTRES says"
     if rundir.config_path(run_dir).exists():
         try:
-            max_steps = load_run_config(run_dir).train.max_steps
+            config = load_run_config(run_dir)
+            max_steps, ckpt_every = config.train.max_steps, config.train.ckpt_every
+            gpus = config.slurm.nodes * config.slurm.gpus_per_node
+            devices, devices_note = (gpus, "") if gpus > 0 else (1, "CPU-only: each attempt counts as 1 device")
         except Exception:  # a broken snapshot should not hide the rest of the review
             max_steps = None
 
@@ -256,9 +286,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
              or _iso_to_ts(info.get("submitted_at")) or (min(all_walls) if all_walls else None))
     now = time.time() if now is None else now
     end = now if phase in LIVE_PHASES else (max(all_walls) if all_walls else None)
-    ettr = None
-    if start is not None and end is not None and end > start:
-        ettr = round(min(1.0, productive / (end - start)), 4)
+    ettr = wall_ettr(productive, start, end)
     samples = [p.value for p in scalars.series(SAMPLES)]
     causes = sorted({str(e["cause"]) for e in events if e.get("cause") and not is_notice(e)}
                     | {d.cause for d in decision_rows})
@@ -279,6 +307,12 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
         "decisions": decision_list(decision_rows, events), "in_job": in_job_markers(events),
         "notes": scalars.problems(),  # event files not read: links out of the run dir, corrupt records
         "problems": problems + [f"{rundir.TB}/: {p}" for p in scalars.refused()],  # job-written files that are not what the watcher writes: run.json, events.jsonl
+        "_goodput": {"points": step_points(scalars), "end_causes": end_causes(events, decision_rows),
+                     "in_job": [InJob(d["attempt"], d["step"], str(d["cause"])) for d in decision_list(decision_rows, events)
+                                if d["in_job"] and isinstance(d.get("attempt"), int) and d["cause"] != ADAPT_CAUSE],
+                     "job_ids": [s.job_id for s in submissions if s.job_id] or
+                                [str(j) for j in info.get("job_ids", []) if isinstance(j, (str, int))],
+                     "devices": devices, "devices_note": devices_note, "ckpt_every": ckpt_every, "now": now},
         "_curves": {**{tag: [(p.step, p.wall_time, p.value) for p in scalars.series(tag)] for tag in PLOT_TAGS},
                     "lost_loss": [(p.step, p.wall_time, p.value) for p in lost_loss]},
     }
@@ -305,3 +339,38 @@ def review_runs(run_dirs: Sequence[Path], runs_root: Path, now: Optional[float] 
 def problem_lines(bad: Sequence[Dict[str, str]]) -> List[str]:
     """``RUN_DIR: problem``, printable characters only (the problem quotes job-written text)."""
     return ["".join(c if c.isprintable() else "?" for c in f"{b['run_dir']}: {b['problem']}") for b in bad]
+
+
+# --- goodput ------------------------------------------------------------------------------------------------
+def goodput_job_ids(runs: Sequence[Dict[str, Any]]) -> List[str]:
+    """Every job id of the reviewed runs, once each: the one batched sacct call asks for these."""
+    seen: Dict[str, None] = {}
+    for r in runs:
+        for j in r.get("_goodput", {}).get("job_ids", []):
+            seen.setdefault(str(j), None)
+    return list(seen)
+
+
+def goodput_of(review: Dict[str, Any], jobs: Dict[str, List[Attempt]]) -> Dict[str, Any]:
+    """One run's goodput (:func:`hpc_agent.runs.goodput.account`) from its review and sacct's attempts by job key
+    (``group_attempts`` of the one batched reply); ``account`` is None, with a ``problem``, when sacct has none."""
+    g = review["_goodput"]
+    keys = list(dict.fromkeys(job_key_of(j) for j in g["job_ids"]))
+    attempts = [a for key in keys for a in jobs.get(key, [])]
+    out: Dict[str, Any] = {"run_id": review["run_id"], "run_dir": review["run_dir"], "phase": review["phase"],
+                           "job_ids": keys, "devices_note": g["devices_note"], "notes": [], "account": None}
+    if not attempts:
+        out["problem"] = ("sacct has no rows for " + (", ".join(keys) if keys else "this run (no job id in the ledger "
+                          "or run.json)") + ": allocation unknown")
+        return out
+    wins, notes = windows(attempts, g["devices"])
+    out["account"] = account(wins, g["points"], g["end_causes"], g["in_job"], g["now"], g["ckpt_every"])
+    if out["account"]["unplaced_points"]:
+        notes.append(f"{out['account']['unplaced_points']} step point(s) lie in no attempt sacct knows: not counted")
+    if not g["points"]:
+        notes.append("no perf/step_time_s in TensorBoard: nothing counted as productive")
+    if all(w.devices_from_sacct for w in wins):
+        out["devices_note"] = ""  # sacct's AllocTRES named the GPUs of every attempt
+    out["notes"] = notes
+    out["row"] = summary_row(review["run_id"], out["account"])
+    return out

@@ -218,3 +218,45 @@ def build_figure(runs: Sequence[Mapping[str, Any]]):
     fig.tight_layout()
     fig.canvas.draw()
     return fig
+
+
+GOODPUT_COLORS = {"productive": "tab:green", "preemption": "tab:orange", "oom": "tab:red", "hang": "tab:purple",
+                  "node_failure": "tab:brown", "divergence": "tab:pink", "restart_overhead": "tab:olive",
+                  "steps_redone": "tab:cyan", "checkpoint_save": "tab:blue", "in_progress": "0.75", "other": "0.45",
+                  "queued": "0.9"}
+"""One colour per goodput bucket (:data:`hpc_agent.runs.goodput.BUCKETS`) and for the queued time."""
+
+
+def plot_goodput(rows: Sequence[Mapping[str, Any]], out: Path) -> Path:
+    """A stacked bar per run (device-hours): queued while eligible, then each bucket of the allocation, ETTR above
+    each bar. ``rows`` are :func:`hpc_agent.runs.goodput.summary_row`'s. matplotlib is imported here only."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hpc_agent.runs.goodput import BUCKETS
+
+    names = [str(r["run"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(rows) + 3.0), 5.0))
+    bottoms = [0.0] * len(rows)
+    for bucket in ("queued",) + BUCKETS:
+        values = [float(r.get(f"{bucket}_h") or 0.0) for r in rows]
+        if not any(values):
+            continue
+        ax.bar(names, values, bottom=bottoms, color=GOODPUT_COLORS.get(bucket, "0.5"), label=bucket.replace("_", " "),
+               hatch="//" if bucket == "queued" else None, edgecolor="white", linewidth=0.5)
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    for x, (top, r) in enumerate(zip(bottoms, rows)):
+        if r.get("ettr") is not None:
+            ax.text(x, top, f"ETTR {r['ettr']:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("device-hours (GPU-hours; CPU-only runs: 1 device)")
+    ax.set_title("goodput: where the allocation went")
+    handles, labels = ax.get_legend_handles_labels()  # top of the legend = top of the stack
+    ax.legend(handles[::-1], labels[::-1], fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

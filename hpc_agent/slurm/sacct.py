@@ -17,6 +17,7 @@ Quirks it copes with (all seen on Slurm 22.05):
 """
 from __future__ import annotations
 
+import datetime as _dt
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -362,3 +363,16 @@ def attempts_of(rows: Sequence[SacctRow], job_id: str) -> List[Attempt]:
 def latest_attempts(rows: Sequence[SacctRow]) -> Dict[str, Attempt]:
     """``{job key: newest attempt}`` for a batched sacct reply covering many jobs (one watcher tick)."""
     return {key: attempts[-1] for key, attempts in group_attempts(rows).items() if attempts}
+
+
+SACCT_TIME = "%Y-%m-%dT%H:%M:%S"
+"""sacct's Submit/Eligible/Start/End: local time, whole seconds."""
+
+
+def sacct_epoch(text: str) -> Optional[float]:
+    """sacct's ``2026-12-03T19:17:53`` (local time, whole seconds) as epoch seconds; None for anything else
+    (``Unknown``, ``None``, an empty column)."""
+    try:
+        return _dt.datetime.strptime(str(text), SACCT_TIME).timestamp()
+    except ValueError:
+        return None

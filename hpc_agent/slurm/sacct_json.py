@@ -137,6 +137,18 @@ def local_time(value: Any) -> str:
         return UNKNOWN_TIME
 
 
+def _tres(value: Any) -> str:
+    """``[{"type": "gres", "name": "gpu", "count": 4}, ...]`` -> ``gres/gpu=4,...`` (text mode's AllocTRES)."""
+    parts = []
+    for item in value if isinstance(value, list) else []:
+        if not isinstance(item, dict):
+            continue
+        kind, name, count = _text(item.get("type")), _text(item.get("name")), number(item.get("count"))
+        if kind and count is not None:
+            parts.append(f"{kind}/{name}={count}" if name else f"{kind}={count}")
+    return ",".join(parts)
+
+
 def _elapsed(value: Any) -> str:
     seconds = number(value)
     if seconds is None or seconds < 0:
@@ -236,6 +248,7 @@ def _job_rows(job: Mapping[str, Any], lossy: bool = False) -> List[SacctRow]:
         "DerivedExitCode": "" if lossy else exit_code(job.get("derived_exit_code")),
         "NodeList": _nodes(job.get("nodes")), "Start": local_time(times.get("start")),
         "End": local_time(times.get("end")), "Submit": local_time(times.get("submission")),
+        "Eligible": local_time(times.get("eligible")), "AllocTRES": _tres(_dict(job.get("tres")).get("allocated")),
         "Elapsed": _elapsed(times.get("elapsed")), "Comment": _text(comments.get("job")),
         "AdminComment": _text(comments.get("administrator")), "SystemComment": _text(comments.get("system")),
         "Partition": _text(job.get("partition")), "Account": _text(job.get("account")),

@@ -6,7 +6,6 @@ in ``needs_attention``; a corrupt TensorBoard tail is skipped and reported in :a
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import stat
@@ -26,7 +25,7 @@ from hpc_agent.metrics.tb_reader import RunScalars
 from hpc_agent.slurm.attempt_cache import AttemptCache
 from hpc_agent.slurm.cli import SlurmError
 from hpc_agent.slurm.fallback import SQUEUE_FORMAT, as_sacct_text, parse_scontrol_jobs, parse_squeue
-from hpc_agent.slurm.sacct import WATCH_FIELDS, Attempt, SacctFormatError, group_attempts
+from hpc_agent.slurm.sacct import WATCH_FIELDS, Attempt, SacctFormatError, group_attempts, sacct_epoch
 from hpc_agent.slurm.sacct_json import exit_codes_reliable, parse_sacct_json
 from hpc_agent.watcher.follow import history_from
 from hpc_agent.watcher.follow_model import Live, RunFiles, RunState
@@ -187,14 +186,6 @@ def attempt_start(attempt: Attempt) -> Optional[float]:
 def attempt_end(attempt: Attempt) -> Optional[float]:
     """When sacct says this attempt ended (epoch seconds), None while it runs (``Unknown``) or is unknown."""
     return sacct_epoch(attempt.end)
-
-
-def sacct_epoch(text: str) -> Optional[float]:
-    """sacct's ``2026-12-03T19:17:53`` (local time, whole seconds) as epoch seconds; None for anything else."""
-    try:
-        return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
-    except ValueError:
-        return None
 
 
 def stack_marks(run_dir: Path, ranks) -> Dict[int, Tuple[int, int]]:

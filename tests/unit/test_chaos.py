@@ -9,10 +9,11 @@ import sys
 import pytest
 
 from hpc_agent.chaos.log_segments import Progress, Segment, parse_progress, recovered_segment, steps_lost
-from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, ettr, fault_checks,
-                                    final_checkpoint_check, p3, passed, render, time_lost)
+from hpc_agent.chaos.report import (FaultRecord, TargetSummary, continuity_check, ended_after, fault_checks,
+                                    final_checkpoint_check, p3, passed, render)
 from hpc_agent.chaos.schedule import (DEFAULT_MIX, KINDS, Fault, ScheduleError, from_seed, load_schedule_text,
                                       parse_schedule)
+from hpc_agent.runs.goodput import time_lost, wall_ettr
 from tests.conftest import REPO, run_cli
 
 # --- schedule -------------------------------------------------------------------------------------------
@@ -207,7 +208,7 @@ def test_p3_counts_only_signalled_preemptions():
     (10.0, 100.0, 100.0, None),
 ])
 def test_ettr(productive, start, end, expected):
-    assert ettr(productive, start, end) == expected
+    assert wall_ettr(productive, start, end) == expected
 
 
 # (step, wall time as the step ended, step time): steps of 1 s from t=10, 0.01 s of loop work between steps

@@ -43,7 +43,8 @@ PURE_CORE = {"hpc_agent.watcher.follow", "hpc_agent.watcher.follow_hang", "hpc_a
              "hpc_agent.core.heartbeat_format", "hpc_agent.core.causes", "hpc_agent.core.exit_codes",
              "hpc_agent.diagnosis.hang", "hpc_agent.diagnosis.classify", "hpc_agent.diagnosis.logscan",
              "hpc_agent.diagnosis.local_job",
-             "hpc_agent.metrics.alarm_kinds", "hpc_agent.metrics.divergence", "hpc_agent.watcher.notify_events"}
+             "hpc_agent.metrics.alarm_kinds", "hpc_agent.metrics.divergence", "hpc_agent.watcher.notify_events",
+             "hpc_agent.runs.goodput"}
 IO_MODULES = {"subprocess", "sqlite3", "socket", "shutil"}
 IO_PREFIXES = ("hpc_agent.slurm.cli", "hpc_agent.state.ledger", "hpc_agent.state.journal", "hpc_agent.state.killswitch",
                "hpc_agent.watcher.loop", "hpc_agent.watcher.effects", "hpc_agent.watcher.observe", "hpc_agent.jobs")
