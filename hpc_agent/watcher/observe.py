@@ -7,6 +7,7 @@ in ``needs_attention``; a corrupt TensorBoard tail is skipped and reported in :a
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import stat
@@ -189,8 +190,10 @@ def attempt_end(attempt: Attempt) -> Optional[float]:
     return sacct_epoch(attempt.end)
 
 
+@functools.lru_cache(maxsize=65536)
 def sacct_epoch(text: str) -> Optional[float]:
-    """sacct's ``2026-12-03T19:17:53`` (local time, whole seconds) as epoch seconds; None for anything else."""
+    """sacct's ``2026-12-03T19:17:53`` (local time, whole seconds) as epoch seconds; None for anything else.
+    Cached: every running run's start time is asked for every tick, and strptime is the slow part of a look."""
     try:
         return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:
