@@ -41,6 +41,7 @@ from hpc_agent.watcher.notifier import Notifier
 LIVE_PHASES = [p.value for p in FOLLOWED]
 _QUIET_WANTS = (Wants(), Wants(live=True))  # a run that wants at most its heartbeats read
 _NOTHING = {phase: Outcome(phase) for phase in Phase}  # follow()'s answer when there is nothing to do
+_PHASES = {phase.value: phase for phase in Phase}  # Phase(value) without the enum's lookup, per run per tick
 LOCAL = "local"  # a submission's executor for a process on the submitting machine (submit --executor local)
 
 
@@ -185,7 +186,7 @@ class Watcher:
             # shortcut: a running run is looked at again every heartbeat_s / 2 and an ended one as soon as
             # sacct's answer changes, so 10,000 followed runs do not cost 10,000 lstat calls a tick.
             self.in_job.tick(run_id)
-        state = RunState(run_id, Phase(phase), job_id, decided=frozenset(marks[2] or ()),
+        state = RunState(run_id, _PHASES.get(phase) or Phase(phase), job_id, decided=frozenset(marks[2] or ()),
                          expedited=frozenset(marks[3] or ()),
                          suspicion=Suspicion(job_id, *hang) if hang else None, executor=executor)
         self._follow(self._run(run_id, phase), state, attempts, marks)

@@ -29,18 +29,19 @@ MUTATING = ("scontrol", "scancel", "sbatch")
 
 # The jobs of N followed runs, by i % 20 (shares of a busy cluster's followed runs; every one of them has a
 # job in the queue or running, since only those are followed):
-#   running        75 %  RUNNING on one node, steps batch, extern and 0 (the srun'd trainer)
+#   running        80 %  RUNNING on one node, steps batch, extern and 0 (the srun'd trainer)
 #   running2        5 %  RUNNING on two nodes
 #   pending         5 %  PENDING, never started (None assigned, Start Unknown)
 #   preempted_back  5 %  PREEMPTED attempt (batch CANCELLED 0:15), requeued, expedited, RUNNING again (-D: 2 records)
-#   node_fail_back  5 %  NODE_FAIL attempt, requeued, RUNNING again
-#   requeued_wait   5 %  PREEMPTED, requeued, PENDING until its BeginTime (the watcher expedites it once)
-MIX = ("running",) * 15 + ("running2", "pending", "preempted_back", "node_fail_back", "requeued_wait")
+#   node_fail_back  5 %  NODE_FAIL attempt, requeued, RUNNING again; one in 200 runs (i % 200 == 199) instead:
+#   requeued_wait 0.5 %  PREEMPTED, requeued, PENDING until its BeginTime (the watcher expedites it on its first
+#                        tick: a handful at any moment, since each waits at most one tick for it)
+MIX = ("running",) * 16 + ("running2", "pending", "preempted_back", "node_fail_back")
 NODES = 512  # gpu001..gpu512
 
 
 def kind_of(i: int) -> str:
-    return MIX[i % len(MIX)]
+    return "requeued_wait" if i % 200 == 199 else MIX[i % len(MIX)]
 
 
 def node_of(i: int, k: int = 0) -> str:

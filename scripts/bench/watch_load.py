@@ -8,8 +8,8 @@
 them (ledger rows, the config recorded in the ledger and written as ``config.yaml``, heartbeat/, slurm/ and tb/
 folders) and a cluster holding their jobs: the canonical FakeSlurm (tests/helpers/fake_slurm.py, held to the real
 localhost cluster by tests/cluster/test_slurm_contract.py, the watcher's own query included) behind real
-executables put first on PATH (``scripts/bench/fake_slurm_bin.py``): 75 % of the jobs running, 5 % on two nodes,
-5 % pending, 5 % preempted and running again, 5 % node-failed and running again, 5 % preempted and waiting out
+executables put first on PATH (``scripts/bench/fake_slurm_bin.py``): 80 % of the jobs running, 5 % on two nodes,
+5 % pending, 5 % preempted and running again, 4.5 % node-failed and running again, 0.5 % preempted and waiting out
 their BeginTime; steps batch, extern and 0. The watcher uses the real ``SlurmCLI``, so each tick runs one real
 ``sacct -D`` subprocess with every id. Before each tick, a separate writer process (``scripts/bench/run_writer.py``)
 writes what every running job writes between two ticks at the defaults (``watch --interval`` 5 s, ``heartbeat_s``
@@ -657,9 +657,9 @@ def live_mode(sizes: List[int], ticks: int, profile: bool, ranks: int, sacct_lat
             "method": "each size: N runs laid out as submit leaves them (ledger rows with the config recorded, "
                       "config.yaml); their jobs in a FakeSlurm (tests/helpers/fake_slurm.py, held to the real cluster "
                       "by tests/cluster/test_slurm_contract.py) behind real executables first on PATH "
-                      "(scripts/bench/fake_slurm_bin.py; mix: 75% running, 5% on two nodes, 5% pending, 5% preempted "
-                      "and running again, 5% node-failed and running again, 5% preempted and waiting out BeginTime; "
-                      "steps batch/extern/0); the watcher's real SlurmCLI runs one sacct subprocess a tick. Before "
+                      "(scripts/bench/fake_slurm_bin.py; mix: 80% running, 5% on two nodes, 5% pending, 5% preempted "
+                      "and running again, 4.5% node-failed and running again, 0.5% preempted and waiting out "
+                      "BeginTime; steps batch/extern/0); the watcher's real SlurmCLI runs one sacct subprocess a tick. Before "
                       "each tick the writer process (scripts/bench/run_writer.py) writes a round for EVERY running "
                       "job (heartbeat_s = watch --interval = 5 s by default: every rank beats once between two "
                       "ticks, 5 one-second steps logged and sent to TensorBoard), the watcher's clock moves 5 s, "
