@@ -133,7 +133,7 @@ def _fast(raw: Any) -> Optional[Beat]:
     if phase not in PHASES or world < 1 or rank >= world or start_step > step:
         return None
     return Beat(job_id, attempt, rank, world, host, pid, phase, float(phase_since), step,
-                None if step_at is None else float(step_at), start_step, tuple(float(v) for v in recent),
+                None if step_at is None else float(step_at), start_step, tuple(map(float, recent)),
                 float(started_at), float(written_at), float(interval_s))
 
 
