@@ -566,6 +566,7 @@ def _merge_out(path: Path, update: Dict[str, Any]) -> Dict[str, Any]:
 
 def main_poison(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
+    before = machine()
     with tempfile.TemporaryDirectory(prefix="bench-watch-poison-") as tmp:
         result = measure_poison(args.poison_runs, max(3, args.samples), Path(tmp))
     result.update(
@@ -575,7 +576,9 @@ def main_poison(args: argparse.Namespace) -> int:
                "moving one heartbeat_s per tick, so every running run is judged every tick (the busy path); "
                "wall = time.perf_counter() around tick(); each poisoned tick poisons a fresh run and FAILs its job, "
                "so the watcher reads its config, logs, TensorBoard, journal and events.jsonl",
-        bench_wall_s=round(time.perf_counter() - t_start, 1), when=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        bench_wall_s=round(time.perf_counter() - t_start, 1), when=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        machine={**before, "load_average_after": machine()["load_average"]},
+        command="python -m scripts.bench.watch_load " + " ".join(sys.argv[1:]))
     out = _merge_out(Path(args.out), {"poison_mode": result})
     atomic_write_json(Path(args.out), out)
     print(json.dumps({k: result[k] for k in ("clean_tick_wall_ms", "poisoned_tick_wall_ms", "ratio_poisoned_over_clean",
