@@ -96,6 +96,47 @@ def _text(name: str, value: Any) -> str:
     return value
 
 
+_FIELDS = tuple(Beat.__dataclass_fields__)
+_REAL = (int, float)
+
+
+def _fast(raw: Any) -> Optional[Beat]:
+    """The beat of a well-formed decoded object, checked with the rules of :func:`decode` in a few comparisons;
+    None for anything else (then :func:`decode` checks it field by field and names what is wrong). The watcher
+    decodes every running rank's beat every tick: this is that path."""
+    try:
+        if type(raw) is not dict or len(raw) != len(_FIELDS):
+            return None
+        values = [raw[name] for name in _FIELDS]
+    except KeyError:
+        return None
+    (job_id, attempt, rank, world, host, pid, phase, phase_since, step, step_at, start_step, recent, started_at,
+     written_at, interval_s) = values
+    for text in (job_id, host, phase):
+        if type(text) is not str or len(text) > MAX_TEXT or not text.isprintable():
+            return None
+    for number in (attempt, rank, world, pid, step, start_step):
+        if type(number) is not int or not 0 <= number <= MAX_INT:
+            return None
+    for moment in (phase_since, started_at, written_at):  # NaN and infinities fail the comparison
+        if type(moment) not in _REAL or not 0.0 <= moment <= MAX_TIME:
+            return None
+    if step_at is not None and (type(step_at) not in _REAL or not 0.0 <= step_at <= MAX_TIME):
+        return None
+    if type(interval_s) not in _REAL or not 1e-3 <= interval_s <= 86400.0:
+        return None
+    if type(recent) is not list or len(recent) > RECENT_STEPS:
+        return None
+    for duration in recent:
+        if type(duration) not in _REAL or not 0.0 <= duration <= 1e7:
+            return None
+    if phase not in PHASES or world < 1 or rank >= world or start_step > step:
+        return None
+    return Beat(job_id, attempt, rank, world, host, pid, phase, float(phase_since), step,
+                None if step_at is None else float(step_at), start_step, tuple(map(float, recent)),
+                float(started_at), float(written_at), float(interval_s))
+
+
 def decode(data: bytes) -> Beat:
     """The beat in ``data``; ValueError on anything malformed or out of bounds (the file is untrusted)."""
     if len(data) > MAX_BYTES:
@@ -107,6 +148,9 @@ def decode(data: bytes) -> Beat:
     raw, problem = json_safe.loads(text, _LIMITS)  # bounded depth, never RecursionError
     if problem:
         raise ValueError(problem)
+    beat = _fast(raw)
+    if beat is not None:
+        return beat
     if not isinstance(raw, dict):
         raise ValueError("a heartbeat is a JSON object")
     missing = [name for name in Beat.__dataclass_fields__ if name not in raw]

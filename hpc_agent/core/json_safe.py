@@ -73,6 +73,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_STRICT = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def loads(text: Any, limits: Limits = DEFAULT) -> Tuple[Any, Optional[str]]:
     """``(value, None)``, or ``(None, problem)`` when ``text`` is not JSON within ``limits``. Never raises."""
     try:
@@ -88,7 +91,9 @@ def loads(text: Any, limits: Limits = DEFAULT) -> Tuple[Any, Optional[str]]:
             return None, f"nested deeper than {limits.max_depth} levels"
         if limits.constants:
             return json.loads(text), None
-        return json.loads(text, parse_constant=_no_constant), None
+        if text.startswith("\ufeff"):  # what json.loads says before decoding; the decoder below is its
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        return _STRICT.decode(text), None  # json.loads(text, parse_constant=...) without a new decoder per call
     except (ValueError, RecursionError, MemoryError, TypeError, OverflowError) as exc:
         return None, f"not JSON: {type(exc).__name__}: {str(exc)[:160]}"
 

@@ -448,40 +448,85 @@ def read_run_json(run_dir: Path) -> Dict[str, Any]:
 
 
 # --- what the live job says about itself ----------------------------------------------------------------
-def _rank_files(run_dir: Path, folder: Path, suffix: str) -> List[Tuple[int, Path]]:
-    """``rank-RRRRR<suffix>`` files of a folder of the run dir that is not a link, by rank; at most
-    MAX_RANK_FILES. The folder is opened from the run dir without following a link at any level."""
-    found: List[Tuple[int, Path]] = []
-    try:
-        fd = open_beneath(run_dir, folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+_RANK_NAME = {suffix: re.compile(r"rank-(\d{1,7})" + re.escape(suffix)) for suffix in (".json", ".txt")}
+_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_rank_folder(run_dir: Path, name: str) -> Optional[int]:
+    """An fd on the folder ``name`` of the run dir (heartbeat/, stacks/), reached without following a link at
+    any level; None when it cannot be."""
+    try:  # what open_beneath does for one component, in one call: the run dir as given, no link at ``name``
+        return os.open(os.path.join(os.fspath(run_dir), name), _FOLDER_FLAGS)
     except OSError:
-        return []
+        return None
+
+
+def _rank_names(fd: int, suffix: str) -> List[Tuple[int, str]]:
+    """``(rank, name)`` of the ``rank-RRRRR<suffix>`` entries of the folder open on ``fd``, by rank; at most
+    MAX_RANK_FILES, and a folder stuffed with names is not read to its end."""
+    found: List[Tuple[int, str]] = []
+    match = _RANK_NAME[suffix].fullmatch
     try:
-        with os.scandir(fd) as entries:  # a folder stuffed with names is not read to its end
+        with os.scandir(fd) as entries:
             for seen, entry in enumerate(entries):
-                m = re.fullmatch(r"rank-(\d{1,7})" + re.escape(suffix), entry.name)
+                m = match(entry.name)
                 if m:
-                    found.append((int(m.group(1)), folder / entry.name))
+                    found.append((int(m.group(1)), entry.name))
                 if len(found) >= MAX_RANK_FILES or seen >= 4 * MAX_RANK_FILES:
                     break
     except OSError:
         return []
+    return sorted(found)
+
+
+def _rank_files(run_dir: Path, folder: Path, suffix: str) -> List[Tuple[int, Path]]:
+    """``rank-RRRRR<suffix>`` files of a folder of the run dir that is not a link, by rank; at most
+    MAX_RANK_FILES. The folder is opened from the run dir without following a link at any level."""
+    fd = _open_rank_folder(run_dir, Path(folder).name)
+    if fd is None:
+        return []
+    try:
+        return [(rank, folder / name) for rank, name in _rank_names(fd, suffix)]
     finally:
         os.close(fd)
-    return sorted(found)
+
+
+def _read_in(folder_fd: int, name: str, max_bytes: int) -> bytes:
+    """A regular file of the open folder, of at most ``max_bytes`` (OSError otherwise): opened with O_NOFOLLOW
+    (a link is refused) and O_NONBLOCK (a FIFO never blocks), checked with fstat, read once."""
+    fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            raise OSError(errno.EINVAL, f"{name}: not a regular file of at most {max_bytes} bytes")
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # grew between fstat and read
+        raise OSError(errno.EFBIG, f"{name} grew past {max_bytes} bytes while being read")
+    return data
 
 
 def read_heartbeats(run_dir: Path) -> List[heartbeat_format.Beat]:
     """Every rank's latest beat, by rank. Links (at any level below the run dir), non-regular, oversized
-    and malformed files are skipped (a half-written beat cannot be seen: the job replaces the file atomically)."""
+    and malformed files are skipped (a half-written beat cannot be seen: the job replaces the file atomically).
+    The folder is opened once (no link followed from the run dir down) and each beat read from that fd: the
+    watcher reads every running run's beats every tick, so this path is kept to a few system calls a file."""
+    fd = _open_rank_folder(run_dir, HEARTBEAT)
+    if fd is None:
+        return []
     beats: List[heartbeat_format.Beat] = []
-    for rank, path in _rank_files(Path(run_dir), heartbeat_dir(run_dir), ".json"):
-        try:
-            beat = heartbeat_format.decode(read_bounded(path, heartbeat_format.MAX_BYTES, Path(run_dir)))
-        except (OSError, ValueError):
-            continue
-        if beat.rank == rank:  # a file copied to another rank's name says nothing about that rank
-            beats.append(beat)
+    try:
+        for rank, name in _rank_names(fd, ".json"):
+            try:
+                beat = heartbeat_format.decode(_read_in(fd, name, heartbeat_format.MAX_BYTES))
+            except (OSError, ValueError):
+                continue
+            if beat.rank == rank:  # a file copied to another rank's name says nothing about that rank
+                beats.append(beat)
+    finally:
+        os.close(fd)
     return beats
 
 

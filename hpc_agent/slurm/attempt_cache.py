@@ -13,9 +13,10 @@ def split_by_job(text: str) -> Optional[Tuple[str, Dict[str, List[str]]]]:
     header = None
     by_job: Dict[str, List[str]] = {}
     current, lines = "", []  # sacct prints a job's rows together: group consecutive lines
-    for line in text_lines(text):
-        head = line.split("|", 1)[0]
-        base = head.split(".", 1)[0]
+    # text_lines' split, without its per-line pass where no line ends in \r (every tick reads 40,000 lines at 10,000 jobs)
+    for line in (text_lines(text) if "\r" in text else text.split("\n")):
+        head = line.partition("|")[0]
+        base = head.partition(".")[0]
         if not base.isdigit():  # not the common 123 / 123.batch: a header, a blank line, or an odd id
             if not line.strip():
                 continue

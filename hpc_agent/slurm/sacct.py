@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_agent.slurm.hostlist import expand_hostlist
@@ -372,7 +372,13 @@ SACCT_TIME = "%Y-%m-%dT%H:%M:%S"
 def sacct_epoch(text: str) -> Optional[float]:
     """sacct's ``2026-12-03T19:17:53`` (local time, whole seconds) as epoch seconds; None for anything else
     (``Unknown``, ``None``, an empty column)."""
+    return _epoch(str(text))
+
+
+@lru_cache(maxsize=65536)
+def _epoch(text: str) -> Optional[float]:
+    """Cached: the watcher asks for every running run's start time every tick, and strptime is the slow part."""
     try:
-        return _dt.datetime.strptime(str(text), SACCT_TIME).timestamp()
+        return _dt.datetime.strptime(text, SACCT_TIME).timestamp()
     except ValueError:
         return None

@@ -90,7 +90,7 @@ class InJobIngest:
 
     def __init__(self, ledger: Any, journal: Any, say: Callable[[str, str], None]):
         self.ledger, self.journal, self.say = ledger, journal, say
-        self._dirs: Dict[str, Optional[str]] = {}
+        self._dirs: Dict[str, Optional[Tuple[str, str]]] = {}  # run id -> (run dir, its journal's path)
         self._seen: Dict[str, Tuple[int, int]] = {}
         self._said: set = set()
 
@@ -104,12 +104,13 @@ class InJobIngest:
     def _tick(self, run_id: str) -> List[InJobDecision]:
         if run_id not in self._dirs:
             run = self.ledger.run(run_id)
-            self._dirs[run_id] = run.run_dir if run else None
-        run_dir = self._dirs[run_id]
-        if run_dir is None:
+            self._dirs[run_id] = (run.run_dir, str(rundir.in_job_journal_path(Path(run.run_dir)))) if run else None
+        known = self._dirs[run_id]
+        if known is None:
             return []
+        run_dir, journal_path = known
         try:
-            info = os.lstat(rundir.in_job_journal_path(Path(run_dir)))
+            info = os.lstat(journal_path)
         except FileNotFoundError:
             return []
         own = own_job_ids(self.ledger.submissions(run_id))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -39,6 +39,9 @@ from hpc_agent.watcher.in_job import InJobIngest
 from hpc_agent.watcher.notifier import Notifier
 
 LIVE_PHASES = [p.value for p in FOLLOWED]
+_QUIET_WANTS = (Wants(), Wants(live=True))  # a run that wants at most its heartbeats read
+_NOTHING = {phase: Outcome(phase) for phase in Phase}  # follow()'s answer when there is nothing to do
+_PHASES = {phase.value: phase for phase in Phase}  # Phase(value) without the enum's lookup, per run per tick
 LOCAL = "local"  # a submission's executor for a process on the submitting machine (submit --executor local)
 
 
@@ -88,6 +91,7 @@ class Watcher:
         self._local: Dict[str, Any] = {}  # run id -> (local job id, its attempts, final): hpc_agent/jobs/local_process.py
         self._said_unknown: set = set()  # (run id, local job id) whose unknown state was said
         self._settings: Dict[str, Any] = {}  # job id -> its run's (resilience settings, watch.enabled, beats expected)
+        self._rows: Dict[str, Run] = {}  # run id -> its ledger row as first read (:meth:`_run`)
         # Notifications from the audit trail; ``notify``: the runs-root default (watch --notify-*), a run's own wins.
         self.notifier = Notifier(ledger, self.journal, self._say, notify, self.limits)
         if not dry_run:  # from now on: what this watcher decides is announced, not the ledger's history
@@ -182,10 +186,24 @@ class Watcher:
             # shortcut: a running run is looked at again every heartbeat_s / 2 and an ended one as soon as
             # sacct's answer changes, so 10,000 followed runs do not cost 10,000 lstat calls a tick.
             self.in_job.tick(run_id)
-        state = RunState(run_id, Phase(phase), job_id, decided=frozenset(marks[2] or ()),
+        state = RunState(run_id, _PHASES.get(phase) or Phase(phase), job_id, decided=frozenset(marks[2] or ()),
                          expedited=frozenset(marks[3] or ()),
                          suspicion=Suspicion(job_id, *hang) if hang else None, executor=executor)
-        self._follow(self.ledger.run(run_id), state, attempts, marks)
+        self._follow(self._run(run_id, phase), state, attempts, marks)
+
+    def _run(self, run_id: str, phase: str) -> Optional[Run]:
+        """The run's ledger row with this tick's phase, without a query per run per tick: a run's name, run dir
+        and creation time never change once it is in the ledger (kept from its first ``ledger.run``); its phase
+        is the one this tick read. Code that needs the phase as it is now reads the ledger itself (effects)."""
+        known = self._rows.get(run_id)
+        if known is None:
+            row = self.ledger.run(run_id)
+            if row is None:
+                return None
+            known = self._rows[run_id] = row
+        if known.phase != phase:
+            known = self._rows[run_id] = replace(known, phase=phase)
+        return known
 
     def _local_attempts(self, run_id: str, job_id: str) -> Optional[List[Any]]:
         """The one attempt of a run's local job, from the machine's facts (``local_process.observe_local``); None
@@ -306,7 +324,7 @@ class Watcher:
             except (OSError, ConfigError):
                 return None
             known = self._settings[state.job_id] = (cfg.resilience, cfg.watch.enabled, not cfg.train.command)
-        return observe.read_live(Path(run.run_dir), attempt, known[0], self.clock(), with_stacks, known[1],
+        return observe.read_live(run.run_dir, attempt, known[0], self.clock(), with_stacks, known[1],
                                  beats_expected=known[2])
 
     def _follow(self, run: Run, state: RunState, attempts, marks) -> None:
@@ -325,7 +343,7 @@ class Watcher:
         # Did the job hand over to a successor (hpc_agent/core/handback.py)? One lstat, only once it stopped running.
         successor = None if attempts[-1].state in RUNNING_STATES else read_successor(run.run_dir, state.job_id)
         outcome = follow(state, Observation(tuple(attempts), queue, files, live, successor=successor), self.limits)
-        if want in (Wants(), Wants(live=True)) and not outcome.ask_queue and outcome == Outcome(state.phase):
+        if want in _QUIET_WANTS and not outcome.ask_queue and outcome == _NOTHING[state.phase]:
             # A running attempt's verdict can change only as its heartbeats do: look again after half a heartbeat
             # (half: a tick period equal to heartbeat_s must not skip every other look), a minute when its
             # settings could not be read; not on every tick of every running run.

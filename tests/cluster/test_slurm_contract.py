@@ -9,6 +9,7 @@ and compares the row shapes, for the states too slow to produce live here (TIMEO
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -266,6 +267,32 @@ def test_sacct_json_lists_what_text_lists_except_22_05_exit_codes(c):
         False, "Slurm 22.05's sacct --json drops exit codes: reading text (job names are checked against the "
                "run's, see hpc_agent/slurm/job_match.py)")
     assert parse_sacct_json(c.client.sacct([job], as_json=True))[0].base_id == job
+
+
+# --- the watcher's own query, and the benchmark's fake sacct (scripts/bench/fake_slurm_bin.py) -------------
+def test_watch_query_shape_matches_real(c, tmp_path, monkeypatch):
+    """The query a watcher tick sends (``sacct -D --parsable2 --format <WATCH_FIELDS> --jobs <every id>``) on a
+    running job and a held one. The same scenario in FakeSlurm behind the executables the watcher benchmark puts
+    first on PATH (P4's live mode) answers with the same header, rows and quirks."""
+    from scripts.bench import fake_slurm_bin
+    from hpc_agent.slurm.cli import SlurmCLI
+
+    job = running(c, "watch-query")
+    held = c.submit("watch-query-held", hold=True)
+    c.wait_states(held, ["PENDING"])
+    answer = c.client.sacct([job, held, "99999999"], fields=WATCH_FIELDS)
+    fake = FakeSlurm(uid=c.uid)
+    a, h = fake.submit("a"), fake.submit("h", hold=True)
+    fake.start(a)
+    fake_slurm_bin.save(fake, tmp_path / "slurm.pkl")
+    fake_slurm_bin.install(tmp_path / "bin", tmp_path / "slurm.pkl")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    faked = SlurmCLI(timeout_s=60).sacct([a, h, "99999999"], fields=WATCH_FIELDS)
+    assert faked.splitlines()[0] == answer.splitlines()[0] == "|".join(WATCH_FIELDS)
+    assert shape(faked) == shape(answer)
+    for text in (faked, answer):
+        rows = parse_sacct(text)
+        assert all(TS.match(r.get("Submit")) for r in rows if r.step is None)
 
 
 # --- preemption (started by the fixture, checked last) --------------------------------------------------
