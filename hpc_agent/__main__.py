@@ -15,6 +15,7 @@ COMMANDS = {
     "diagnose": "explain why a job died and what to do",
     "status": "one line per run: phase, job, Slurm state, step, last decision, last step's age",
     "review": "tables and plots of runs; start TensorBoard",
+    "cancel": "stop a run: cancel its current Slurm job and any held job of its hand-overs",
     "doctor": "check Slurm, GPUs and a config's memory estimate before submitting",
     "sweep": "hyperparameter sweeps with Optuna",
     "chaos": "inject faults into a real run and check that the watcher recovers from each, with nothing lost",

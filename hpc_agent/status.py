@@ -1,6 +1,6 @@
 """python -m hpc_agent.status [--runs-root DIR] [--json] [--remote USER@LOGIN]
 
-One line per run: run id, phase, newest job id, its state (Slurm's; a local run's from its process and files,
+One line per run: run id, phase, newest job id (across the run's hand-overs to successor jobs), its state (Slurm's; a local run's from its process and files,
 e.g. ``COMPLETED (local)``), step N/M, the last decision (or cause) and
 how long ago the last step was. The short answer to "what are my runs doing?"; ``review`` has the details.
 
@@ -90,7 +90,8 @@ def line_of(review: Dict[str, Any], job_id: Optional[str], state: Optional[str],
         last = review["causes"][-1] if review.get("causes") else "-"
     at = _last_step_at(review)
     step = review.get("step")
-    return {"run_id": review["run_id"], "phase": review["phase"], "job_id": job_id, "slurm_state": state,
+    return {"run_id": review["run_id"], "phase": review["phase"], "job_id": job_id, "jobs": review.get("jobs") or [],
+            "slurm_state": state,
             "step": step, "max_steps": review.get("max_steps"), "last": last,
             "last_step_at": at, "last_step_age_s": round(now - at, 3) if at is not None else None}
 
@@ -109,6 +110,9 @@ def collect(path: Path, now: Optional[float] = None, cli=None,
     job_ids, local = _last_job_ids(runs_root)
     for r in reviews:  # no ledger row (a run dir given alone): the newest job the decisions name
         job_ids.setdefault(r["run_id"], next((d["job_id"] for d in reversed(r["decisions"]) if d.get("job_id")), None))
+        chain = r.get("jobs") or []
+        if r["run_id"] not in local and job_ids[r["run_id"]] in chain:  # handed over since: the chain's newest job
+            job_ids[r["run_id"]] = chain[-1]
     states = slurm_states([j for run_id, j in job_ids.items() if j and run_id not in local], cli)
     dirs = {r["run_id"]: Path(r["run_dir"]) for r in reviews}
     for run_id, (job_id, started_at) in local.items():  # a process id: its state from the process and its files

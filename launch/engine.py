@@ -12,6 +12,8 @@ accumulation boundary (``backward`` also divides the loss by the accumulation st
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -19,6 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 from hpc_agent.core import rundir
 from hpc_agent.core.checkpoint_format import tag_for
 from hpc_agent.core.exit_codes import EXIT_CONFIG, EXIT_GPU_HEALTH_CRITICAL, EXIT_OK, EXIT_SIGNALLED_AFTER_CHECKPOINT
+from hpc_agent.core.handback import STRAY
 from hpc_agent.metrics.tb_reader import TB_FLUSH_EVERY_S
 from launch import checkpoint, heartbeat, resume, universal
 from launch.adaptive_loop import AdaptiveHolder, adapt
@@ -30,7 +33,7 @@ from launch.gpu_monitor import GpuHealthMonitor, simulated_reader
 from launch.lr_schedule import lr_factor
 from launch.recovery import CONTINUE, InJobRecovery, agree, repair_in_place
 from launch.rng import rng_state, seed as seed_rng
-from launch.signals import StopRequest, signal_name
+from launch.signals import StopRequest, own_job_id, say_usr2_reason, signal_name, usr2_reason
 from launch.snapshot import Snapshots
 from launch.tblog import TBLog, attempt_number, peak_memory_bytes
 
@@ -64,6 +67,7 @@ class Trainer:
         self.cfg, self.t = cfg, cfg.train
         self.run_dir, self.denv, self.on_cuda, self.precision = Path(run_dir), denv, on_cuda, precision
         self.stop, self.config_text = stop, config_text
+        self.checkpoint_requested = False  # a stray SIGUSR2 (_checkpoint_request): saved at the step's end
         self.rank, self.world = denv.rank, denv.world_size
         self.device = torch.device("cuda", denv.local_rank) if on_cuda else torch.device("cpu")
         self.coll = Collectives(self.device)
@@ -212,7 +216,7 @@ class Trainer:
             failed, signum = agree(self.stop, self.coll.max_int, bool(oom))
             if failed:
                 return repair_in_place(self, self.recovery.oom_fault(step, oom))
-            if signum:
+            if signum and not self._checkpoint_request(signum):
                 return self._save_and_exit()
             engine.backward(loss)
             if self.manual_grad_norm and engine.is_gradient_accumulation_boundary():
@@ -250,6 +254,14 @@ class Trainer:
                 self._save_in_background()
             else:
                 self._save()
+        if self.checkpoint_requested and step != t.max_steps:
+            self.checkpoint_requested = False
+            started = time.perf_counter()
+            self._saved_on_disk()
+            self._save()
+            if self.rank == 0:
+                say(f"checkpoint request (SIGUSR2) at step {step}: checkpoint {tag_for(step)} complete in "
+                    f"{time.perf_counter() - started:.1f}s; training on")
         saved = step in (self.saved_step, t.max_steps)
         if self.snapshots.due(step, saved):
             self.tb.flush()  # the series on disk reaches every step a resume can start from (launch/tblog.py)
@@ -346,6 +358,26 @@ class Trainer:
         if self.adaptive is not None:
             client.update(self.adaptive.to_client())
         return client
+
+    def _checkpoint_request(self, signum: int) -> bool:
+        """Every rank alike (one broadcast): True when the agreed signal is a SIGUSR2 that Slurm did not send,
+        neither its preemption notice nor its time-limit warning (``hpc_agent/slurm/usr2.py``): a person's
+        ``scancel --signal=USR2``. It is taken as a checkpoint request: saved at this step's end, training goes
+        on, and the job never hands over to a successor for it. Outside Slurm a SIGUSR2 stops the job as before."""
+        job_id = own_job_id(os.environ)
+        if signum != signal.SIGUSR2 or not job_id:
+            return False
+        reason = None
+        if self.rank == 0:
+            reason = usr2_reason(job_id, int(self.cfg.slurm.signal_lead_s))
+            say_usr2_reason(*reason, say)
+        reason = tuple(self.coll.broadcast_object(reason))
+        if reason[0] != STRAY:
+            self.stop.reason = reason  # rank 0's marker carries it to the batch shell (launch/signals.py)
+            return False
+        self.stop.forget()
+        self.checkpoint_requested = True
+        return True
 
     def _save_and_exit(self) -> int:
         name = signal_name(self.stop.signum)

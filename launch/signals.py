@@ -24,10 +24,11 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from hpc_agent.core.exit_codes import EXIT_SIGNALLED_AFTER_CHECKPOINT
-from hpc_agent.core.handback import BATCH_REQUEUE_ENV, marker_path, pause_file_in_job
+from hpc_agent.core.handback import (BATCH_REQUEUE_ENV, PREEMPTED, STRAY, TIME_LIMIT, UNKNOWN, marker_path,
+                                    pause_file_in_job)
 
 HANDLED = (signal.SIGTERM, signal.SIGUSR2)
 WAIT_FOR_SLURM_S = 3600.0  # longer than any GraceTime + KillWait: Slurm ends the wait first
@@ -46,6 +47,8 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum = 0
         self.received_at: Optional[float] = None
+        self.reason: Optional[Tuple[str, str]] = None
+        """Rank 0's (reason, detail) for a SIGUSR2 (:func:`usr2_reason`), once asked."""
         self._previous: Dict[int, object] = {}
 
     def install(self) -> "StopRequest":
@@ -64,6 +67,10 @@ class StopRequest:
             self.signum = signum
             self.received_at = time.monotonic()
 
+    def forget(self) -> None:
+        """Back to "no signal" (a SIGUSR2 taken as a checkpoint request): the next signal counts again."""
+        self.signum, self.received_at, self.reason = 0, None, None
+
     def agreed(self, all_reduce_max: Callable[[int], int]) -> int:
         """The signal any rank received (0: none). Must be called by every rank at the same point."""
         seen = all_reduce_max(self.signum)
@@ -72,20 +79,29 @@ class StopRequest:
         return seen
 
 
-def _say_why_usr2(cli, job_id: str, lead_s: int, say: Callable[[str], None]) -> None:
-    """SIGUSR2 is the time-limit warning, or a preemption notice: the time left tells them apart, and
-    the log line lets diagnosis (and the watcher) name the cause right."""
-    from hpc_agent.slurm.timelimit import slurm_time_to_minutes
-    from hpc_agent.slurm.cli import SlurmError
+def usr2_reason(job_id: Optional[str], lead_s: int, cli=None) -> Tuple[str, str]:
+    """Why this job got SIGUSR2, read from Slurm (``hpc_agent.slurm.usr2``): (reason, detail). Outside Slurm, or
+    when scontrol fails, ``unknown``."""
+    from hpc_agent.slurm.cli import SlurmCLI, SlurmError
+    from hpc_agent.slurm.fallback import parse_scontrol_jobs
+    from hpc_agent.slurm.usr2 import usr2_reason as classify
 
+    if not job_id:
+        return UNKNOWN, "not in a Slurm job"
     try:
-        left = cli.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%L"], check=False).stdout.strip()
-    except SlurmError:
-        return
-    if left == "UNLIMITED" or (left[:1].isdigit() and slurm_time_to_minutes(left) * 60 > lead_s + 60):
-        say(f"SIGUSR2 with {left} left before the time limit: a preemption notice")
-    elif left:
-        say(f"SIGUSR2 with {left} left before the time limit: the time-limit warning")
+        result = (cli or SlurmCLI(timeout_s=10)).run(["scontrol", "--oneliner", "show", "job", job_id], check=False)
+    except SlurmError as exc:
+        return UNKNOWN, f"scontrol failed: {exc}"
+    jobs = parse_scontrol_jobs(result.stdout)
+    return classify(jobs.get(job_id) or (next(iter(jobs.values())) if len(jobs) == 1 else {}), lead_s)
+
+
+def say_usr2_reason(reason: str, detail: str, say: Callable[[str], None]) -> None:
+    """The log line diagnosis reads (``hpc_agent/diagnosis/logscan.py``: "... a preemption notice")."""
+    what = {PREEMPTED: "a preemption notice", TIME_LIMIT: "the time-limit warning",
+            STRAY: "not Slurm's preemption or time-limit signal (a person's scancel --signal=USR2?): a checkpoint "
+                   "request"}.get(reason, "of unknown reason (Slurm could not be asked): handled as a preemption")
+    say(f"SIGUSR2 ({detail}): {what}")
 
 
 def own_job_id(environ) -> Optional[str]:
@@ -98,7 +114,8 @@ def own_job_id(environ) -> Optional[str]:
     return environ.get("SLURM_JOB_ID") or None
 
 
-def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 120) -> int:
+def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 120,
+                       reason: Optional[Tuple[str, str]] = None) -> int:
     """After the signal's checkpoint is complete, let Slurm decide the job's fate correctly; returns the
     exit code for this rank.
 
@@ -132,9 +149,11 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
             return 0 if batch_requeues else EXIT_SIGNALLED_AFTER_CHECKPOINT
         from hpc_agent.slurm.cli import SlurmCLI, SlurmError
 
-        _say_why_usr2(SlurmCLI(timeout_s=10), job_id, lead_s, say)
+        if reason is None:  # the built-in trainer asked already (launch/engine.py); a user's script has not
+            reason = usr2_reason(job_id, lead_s)
+            say_usr2_reason(*reason, say)
         if batch_requeues:
-            if _leave_marker(os.environ):
+            if _leave_marker(os.environ, reason[0]):
                 say(f"exiting 0 (hand-back marker left): the batch script requeues job {job_id} once every rank "
                     "has ended; this attempt ends now")
                 return 0
@@ -162,16 +181,17 @@ def hand_back_to_slurm(signum: int, say: Callable[[str], None], lead_s: int = 12
     return EXIT_SIGNALLED_AFTER_CHECKPOINT
 
 
-def _leave_marker(environ) -> bool:
-    """Rank 0's "checkpoint complete, requeue me" for the batch shell (``hpc_agent.core.handback.marker_path``);
-    False when it cannot be written, and the rank exits 75 instead."""
+def _leave_marker(environ, reason: str) -> bool:
+    """Rank 0's "checkpoint complete, requeue me" for the batch shell (``hpc_agent.core.handback.marker_path``):
+    ``<job id> <reason>``; only a preemption or the time limit hands over to a successor. False when it cannot be
+    written, and the rank exits 75 instead (the batch shell then requeues, without a hand-over)."""
     from hpc_agent.core.fsutil import atomic_write_text
 
     run_dir, job_id = environ.get("HPC_AGENT_RUN_DIR"), environ.get("SLURM_JOB_ID")
     if not run_dir or not job_id or not os.path.isdir(run_dir):  # never create a run dir here
         return False
     try:
-        atomic_write_text(Path(marker_path(run_dir, job_id)), f"{job_id}\n")
+        atomic_write_text(Path(marker_path(run_dir, job_id)), f"{job_id} {reason}\n")
     except OSError:
         return False
     return True

@@ -35,7 +35,7 @@ def main(config_path: str, run_dir: str) -> int:
         heartbeat.stop()  # the final beat; ~2 ms, never waits on a dead file system (launch/heartbeat.py)
         stop.uninstall()
     if code == EXIT_SIGNALLED_AFTER_CHECKPOINT:
-        code = hand_back_to_slurm(stop.signum, say, lead_s=_signal_lead_s(config_path))
+        code = hand_back_to_slurm(stop.signum, say, lead_s=_signal_lead_s(config_path), reason=stop.reason)
         if os.environ.get("SLURM_JOB_ID"):
             # The checkpoint is complete and Slurm has the job back; skip the interpreter's teardown (torch,
             # DeepSpeed, gloo threads). The nodes stay COMPLETING, held from the preempting job and the resumed

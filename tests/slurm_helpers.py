@@ -191,10 +191,15 @@ def cleanup_jobs(root: Path) -> None:
     """Cancel whatever the test left queued or running under this runs root's run ids."""
     from hpc_agent.state.ledger import Ledger
 
+    from hpc_agent.core.handback import job_chain
+
     if not (root / "ledger.sqlite").exists():
         return
-    ids = [s.job_id for r in Ledger.in_runs_root(root).runs() for s in Ledger.in_runs_root(root).submissions(r.run_id)
-           if s.job_id]
+    ledger = Ledger.in_runs_root(root)
+    try:  # with the successors the jobs named (a hand-over no watcher copied into the ledger)
+        ids = [j for r in ledger.runs() for j in job_chain(r.run_dir, [s.job_id for s in ledger.submissions(r.run_id)])]
+    finally:
+        ledger.close()
     end_jobs(ids)
 
 

@@ -46,6 +46,7 @@ BY_COMMAND: Dict[str, Tuple[int, ...]] = {
     "diagnose": (OK, FAILED, USAGE, REMOTE),  # OK also when Slurm does not answer: the report says unknown (wait)
     "review": (OK, FAILED, USAGE, REMOTE),
     "status": (OK, FAILED, USAGE, REMOTE),
+    "cancel": (OK, USAGE, SLURM),  # USAGE: an unknown run, or one not under Slurm; SLURM: squeue/scancel failed
     "doctor": (OK, FAILED, USAGE),
     "sweep": (OK, USAGE, SLURM, BUSY, PAUSED),
     "chaos": (OK, FAILED, USAGE),

@@ -62,16 +62,19 @@ class ResilienceConfig:
     snapshot copies into (the same peak as a fresh copy each time, and the loop held ~4x less on a large
     state); a due snapshot is skipped if the previous one is still being written (launch/snapshot.py)."""
 
-    successor_on_preempt: bool = False
-    """On a preemption notice, after its checkpoint, the job submits its own successor (the same job script,
-    held until submitit's pickle is copied under the new job id), then requeues itself *held*. A requeue's
-    completion makes Slurm schedule at once, but the requeued job itself only becomes eligible after its
-    121 s begin delay; a successor that is already queued is started in that very pass, beside the preempting
-    job (``scripts/bench/handover.py``: 0.97 s vs 3.94 s from the preemption under Slurm's default
-    scheduler settings). The run then continues under a new job id: the watcher follows it and cancels the
-    held one (without a watcher, cancel it yourself: it never starts). Job arrays (sweeps) keep the plain
-    requeue. Needs ``sbatch`` and ``scontrol`` on the compute nodes; if either fails the job falls back to
-    the plain requeue."""
+    successor_on_preempt: bool = True
+    """On Slurm's preemption notice or time-limit warning (the ``--signal=USR2`` hpc_agent asks for, its reason read
+    from Slurm: ``PreemptTime``, or the time left), after its checkpoint, the job submits its own successor (the
+    same job script, held until submitit's pickle is copied under the new job id), releases it, then requeues
+    itself *held*. A requeue's completion makes Slurm schedule at once, but the requeued job itself only becomes
+    eligible after its 121 s begin delay; a successor that is already queued is started in that very pass, beside
+    the preempting job (``scripts/bench/handover.py``: 0.97 s vs 3.94 s from the preemption under Slurm's default
+    scheduler settings). The successor cancels the held job as it starts, so nothing is left in the queue, with
+    or without a watcher; the run goes on under the new job id (``status``, ``review`` and ``hpc-agent cancel``
+    follow the chain). A hand-over that fails is rolled back (the successor cancelled and seen gone) and the job
+    requeues itself as with ``false``; a SIGUSR2 from anyone else is a checkpoint request, never a hand-over;
+    the kill switch stops it. Job arrays (sweeps) keep the plain requeue. Needs ``sbatch``, ``scontrol``,
+    ``squeue`` and ``scancel`` on the compute nodes (docs/resilience.md)."""
 
     def problems(self) -> List[Problem]:
         problems: List[Problem] = []

@@ -75,8 +75,10 @@ _KILLS: Sequence[Tuple[Cause, Pattern[str]]] = (
     # is not a kill here: SIGTERM also comes from a person's scancel, which must not be requeued.
     (Cause.TIMEOUT, _rx(r"\[hpc_agent\] signal SIGUSR2 at step")),
     # ...unless the job saw plenty of time left: then SIGUSR2 was Slurm's preemption notice
-    # (SlurmctldParameters=preempt_send_user_signal sends the job's --signal when preemption starts).
-    (Cause.PREEMPTED, _rx(r"\[hpc_agent\] SIGUSR2 with .{0,200} left before the time limit: a preemption notice")),
+    # (SlurmctldParameters=preempt_send_user_signal sends the job's --signal when preemption starts). Since the job
+    # reads Slurm's PreemptTime (hpc_agent/slurm/usr2.py) the line is "SIGUSR2 (PreemptTime=...): a preemption notice".
+    (Cause.PREEMPTED, _rx(r"\[hpc_agent\] SIGUSR2 (?:with .{0,200} left before the time limit|\(.{0,200}\)): "
+                          r"a preemption notice")),
 )
 _USR2_SAVE = _rx(r"\[hpc_agent\] signal SIGUSR2 at step")
 _USR2_PREEMPTION = _rx(r"a preemption notice")

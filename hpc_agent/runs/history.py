@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc_agent.config.load import load_run_config
-from hpc_agent.core import rundir
+from hpc_agent.core import handback, rundir
 from hpc_agent.core.in_job_journal import ADAPT_CAUSE
 from hpc_agent.core.read_caps import DEFAULT_CAPS, ReadCaps
 from hpc_agent.metrics.tb_reader import RunScalars, file_order_key
@@ -236,7 +236,11 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
                 decision_rows = ledger.decisions(run_id)
         finally:
             ledger.close()
-    events, foreign = own_events(values, run_id, [s.job_id for s in submissions])
+    # The run's jobs across its hand-overs (hpc_agent/core/handback.py): what the ledger knows, then the successors
+    # the jobs named themselves, which only a watcher copies into the ledger.
+    jobs = handback.job_chain(run_dir, [s.job_id for s in submissions if s.executor != "local"]
+                              or [str(j) for j in info.get("job_ids", []) or []])
+    events, foreign = own_events(values, run_id, [s.job_id for s in submissions] + jobs)
     problems += foreign
     if phase is None:
         phase = "completed" if any(e.get("cause") == "completed" for e in events) else "unknown"
@@ -296,7 +300,7 @@ def review_run(run_dir: Path, runs_root: Optional[Path] = None, now: Optional[fl
         live = read_live(run_dir, phase, now, tb_last_step(scalars),
                          (latest.submitted_at or latest.intent_at) if latest else None)
     return {
-        "run_id": run_id, "run_dir": str(run_dir), "phase": phase, "attempts": attempts, "causes": causes,
+        "run_id": run_id, "run_dir": str(run_dir), "phase": phase, "jobs": jobs, "attempts": attempts, "causes": causes,
         "step": loss[-1].step if loss else None, "max_steps": max_steps,
         "steps": {"first": loss[0].step if loss else None, "last": loss[-1].step if loss else None,
                   "count": len(loss), "duplicates": len(loss) - len({p.step for p in loss})},

@@ -13,6 +13,14 @@ def slurm_time_to_minutes(value: str) -> int:
     """Slurm ``--time`` (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) to whole minutes, rounded up."""
     if value.upper() in ("UNLIMITED", "INFINITE"):
         return UNLIMITED_MINUTES
+    return max(1, -(-slurm_time_to_seconds(value) // 60))
+
+
+def slurm_time_to_seconds(value: str) -> int:
+    """A Slurm duration (``--time``'s forms, and ``scontrol``'s ``RunTime``/``TimeLimit``) in seconds;
+    UNLIMITED/INFINITE is :data:`UNLIMITED_MINUTES` worth. Raises ValueError on anything else."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return UNLIMITED_MINUTES * 60
     days, _, rest = value.rpartition("-")
     parts = [int(p) for p in rest.split(":")]
     if days:
@@ -24,5 +32,4 @@ def slurm_time_to_minutes(value: str) -> int:
         hours, minutes, seconds = 0, parts[0], parts[1]
     else:
         hours, minutes, seconds = parts
-    total_s = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-    return max(1, -(-total_s // 60))
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds

@@ -44,7 +44,7 @@ NODES = {"watcher": "node2", "native": "node1"}  # excluded node per run: one ru
 # watcher's own repairs); the toolkit's run gets them back, plus snapshots every 25 steps (~2 s here) and the
 # hand-over to a successor job at a preemption (hpc_agent/core/handback.py), which a hand-written sbatch script does not have.
 SIDE = {"watcher": ["resilience.in_job_retries=2", "resilience.snapshot_every=25", "resilience.successor_on_preempt=true"],
-        "native": ["resilience.in_job_retries=0", "resilience.snapshot_every=0"]}
+        "native": ["resilience.in_job_retries=0", "resilience.snapshot_every=0", "resilience.successor_on_preempt=false"]}
 MIX = ("preempt", "gpu_oom", "preempt", "nan", "preempt", "host_oom")
 
 

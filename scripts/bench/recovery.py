@@ -232,9 +232,11 @@ def _lines_since(path: Path, offset: int) -> List[str]:
         return handle.read().splitlines()
 
 
-SIDE = {"successor": ("resilience.successor_on_preempt=true",)}
+SIDE = {"successor": ("resilience.successor_on_preempt=true",), "watcher": ("resilience.successor_on_preempt=false",),
+        "native": ("resilience.successor_on_preempt=false",)}
 """Config overrides per mode: ``successor`` is the watcher mode with the job's hand-over to a successor job
-(hpc_agent/core/handback.py) on."""
+(hpc_agent/core/handback.py) on; ``watcher`` and ``native`` keep the plain requeue (the hand-over is the default
+since issue 45)."""
 
 
 def trial(mode: str, index: int, work: Path, interval: float, partition: str, hold_s: int) -> dict:

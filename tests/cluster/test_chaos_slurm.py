@@ -28,7 +28,7 @@ def test_ci_chaos_run_recovers_every_fault_and_loses_nothing(tmp_path):
         # 15000 steps (~85 s of training here): the last fault (host_oom) must still find the run training after
         # the six before it. With 10000, a kill_during_save whose SIGKILL waited out GraceTime and KillWait (80 s
         # to recover) left ~2 s of training when host_oom came, and the run completed before its allocation.
-        proc = run_cli("-m", "hpc_agent.chaos", "configs/chaos.yaml", "train.max_steps=15000", "--schedule",
+        proc = run_cli("-m", "hpc_agent.chaos", "configs/chaos.yaml", "train.max_steps=15000", "resilience.successor_on_preempt=false", "--schedule",
                        "configs/chaos_ci_schedule.yaml",
                        "--duration", str(CI_BUDGET_S - 30), "--runs-root", str(root), "--report-json", str(report),
                        timeout=CI_BUDGET_S + 60)

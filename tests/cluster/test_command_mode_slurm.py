@@ -61,7 +61,8 @@ def test_user_script_oom_repaired_preempted_resumed_completed(root, tmp_path):
     (work / "train.py").write_text(example_script())
     (work / "oom_train.py").write_text(WRAPPER)
     proc = run_cli("-m", "hpc_agent.submit", "quickstart", "--executor", "slurm", f"run.runs_root={root}",
-                   "run.name=cmd", f'train.command=[python,oom_train.py,--steps,"{STEPS}",--save-every,"{SAVE_EVERY}"]',
+                   "run.name=cmd", "resilience.successor_on_preempt=false",  # preempted: resumed in place
+                   f'train.command=[python,oom_train.py,--steps,"{STEPS}",--save-every,"{SAVE_EVERY}"]',
                    "train.micro_batch_size=4", "train.grad_accum_steps=1", "train.zero_stage=1",
                    "train.precision=fp32", "train.log_every=1", "slurm.mem=2G", "slurm.time=00:10:00", cwd=work)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -30,7 +30,7 @@ def _partition_mode(name: str) -> str:
 def test_run_on_cancel_partition_resumes_on_the_other_node_with_no_step_lost(tmp_path):
     assert _partition_mode("lowcancel") == "CANCEL", "scripts/cluster.sh up makes lowcancel PreemptMode=CANCEL"
     root = tmp_path / "runs"
-    run_dir, job = submit(root, *LONG_RUN, "run.name=cancelmode", "slurm.nodes=1", "slurm.partition=lowcancel",
+    run_dir, job = submit(root, *LONG_RUN, "run.name=cancelmode", "resilience.successor_on_preempt=false", "slurm.nodes=1", "slurm.partition=lowcancel",
                           f"train.max_steps={MAX_STEPS}", "train.ckpt_every=100000",
                           "resilience.in_job_retries=0")  # no in-job rollback (a spike on this tiny model) to redo steps
     watcher = WatcherProcess(root, interval=1.0)

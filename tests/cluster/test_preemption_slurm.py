@@ -20,7 +20,8 @@ GRACE_TIME_S = 30  # PartitionName=low GraceTime in scripts/cluster.sh
 
 def test_preempted_2rank_bf16_zero2_job_resumes_with_zero_lost_steps(tmp_path):
     root = tmp_path / "runs"
-    run_dir, job = submit(root, *LONG_RUN, "run.name=preempt", "slurm.nodes=2", "slurm.tasks_per_node=1",
+    run_dir, job = submit(root, *LONG_RUN, "run.name=preempt", "resilience.successor_on_preempt=false",  # the plain requeue (the hand-over: test_successor_slurm.py)
+                          "slurm.nodes=2", "slurm.tasks_per_node=1",
                           "train.precision=bf16", "train.zero_stage=2", "train.activation_checkpointing=true",
                           "train.max_steps=1200", "train.ckpt_every=400")
     try:

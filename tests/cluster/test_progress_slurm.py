@@ -43,7 +43,7 @@ def test_submit_wait_shows_progress_and_its_own_watcher_handles_a_preemption(roo
     with open(out_path, "w") as handle:  # a file: not a TTY, so plain lines
         proc = subprocess.Popen(
             [sys.executable, "-m", "hpc_agent.submit", "quickstart", "--executor", "slurm", "--wait",
-             "--wait-timeout", "240", f"run.runs_root={root}", *LONG_RUN, "run.name=progress", "slurm.nodes=2",
+             "--wait-timeout", "240", f"run.runs_root={root}", *LONG_RUN, "run.name=progress", "resilience.successor_on_preempt=false", "slurm.nodes=2",
              "train.max_steps=1500", "train.ckpt_every=500", "resilience.heartbeat_s=2"],
             stdout=handle, stderr=subprocess.STDOUT, cwd=str(REPO), env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:

@@ -113,7 +113,7 @@ def test_poisoned_run_is_parked_and_the_other_run_still_resumes(tmp_path):
     try:
         dir_a, job_a = submit(root, *COMMON, "run.name=poisoned", "train.max_steps=20000", "train.ckpt_every=5000",
                               "faults.runtime_trigger=true")
-        dir_b, job_b = submit(root, *COMMON, "run.name=healthy", "train.max_steps=5000", "train.ckpt_every=1000")
+        dir_b, job_b = submit(root, *COMMON, "run.name=healthy", "resilience.successor_on_preempt=false", "train.max_steps=5000", "train.ckpt_every=1000")
         watcher = WatcherProcess(root, interval=1.0)
         wait_for(lambda: last_step(log_text(dir_a, job_a)) >= 20 and last_step(log_text(dir_b, job_b)) >= 20, 180,
                  what="both runs to train")

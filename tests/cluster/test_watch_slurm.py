@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_preemption_is_expedited_and_resumes(root):
-    run_dir, job = submit(root, *LONG_RUN, "run.name=pre", "slurm.nodes=2", "train.max_steps=1500",
+    run_dir, job = submit(root, *LONG_RUN, "run.name=pre", "resilience.successor_on_preempt=false",  # the plain requeue, expedited
+                          "slurm.nodes=2", "train.max_steps=1500",
                           "train.ckpt_every=500")
     watcher = WatcherProcess(root)
     try:

@@ -36,7 +36,7 @@ def _submit(tmp_path: Path, root: Path, *overrides: str) -> tuple[Path, str]:
 
 def test_own_model_outside_the_repo_is_preempted_resumes_and_completes(tmp_path, root):
     write_package(tmp_path)
-    run_dir, job = _submit(tmp_path, root, "run.name=ownmodel", "train.max_steps=6000", "train.ckpt_every=2000")
+    run_dir, job = _submit(tmp_path, root, "run.name=ownmodel", "resilience.successor_on_preempt=false", "train.max_steps=6000", "train.ckpt_every=2000")
     watcher = WatcherProcess(root)
     try:
         wait_for(lambda: last_step(log_text(run_dir, job)) >= 100, 180, what="the own model to train")
@@ -53,7 +53,7 @@ def test_own_model_outside_the_repo_is_preempted_resumes_and_completes(tmp_path,
 
 def test_requeued_attempt_runs_the_snapshot_not_the_edited_checkout(tmp_path, root):
     pkg = write_package(tmp_path)
-    run_dir, job = _submit(tmp_path, root, "run.name=snapcode", "train.max_steps=20000", "train.ckpt_every=5000")
+    run_dir, job = _submit(tmp_path, root, "run.name=snapcode", "resilience.successor_on_preempt=false", "train.max_steps=20000", "train.ckpt_every=5000")
     info = json.loads((run_dir / "run.json").read_text())
     assert info["code_snapshot"]["sha256"] == hash_tree(run_dir / "code")[0]
     assert info["code_snapshot"]["source"] == str(pkg.resolve())

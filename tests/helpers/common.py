@@ -53,12 +53,12 @@ def env_for(rank: int = 0, world: int = 1, port: Optional[int] = None) -> Dict[s
 
 
 def start(config: Path, run_dir: Path, rank: int = 0, world: int = 1, port: Optional[int] = None,
-          log: Optional[Path] = None) -> subprocess.Popen:
+          log: Optional[Path] = None, env_extra: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     log = log or run_dir.parent / f"{run_dir.name}.rank{rank}.{time.monotonic_ns()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = open(log, "w")
     proc = subprocess.Popen([sys.executable, str(RUNNER), str(config), str(run_dir)], cwd=str(REPO),
-                            env=env_for(rank, world, port), stdout=handle, stderr=subprocess.STDOUT)
+                            env={**env_for(rank, world, port), **(env_extra or {})}, stdout=handle, stderr=subprocess.STDOUT)
     proc.log_path = log  # type: ignore[attr-defined]
     return proc
 

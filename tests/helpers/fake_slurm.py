@@ -819,11 +819,22 @@ class FakeSlurm:
     def _cmd_scancel(self, args: List[str]) -> Tuple[int, str, str]:
         if any(a.startswith("--signal") for a in args):
             return 0, "", ""  # only signals the job's processes (recorded in calls); the job goes on
-        for spec in (a for a in args if not a.startswith("-")):
+        only_state = None  # --state=PENDING / -t PENDING: only jobs in that state are cancelled
+        specs = []
+        for i, a in enumerate(args):
+            if a.startswith("--state="):
+                only_state = a.split("=", 1)[1].upper()
+            elif a in ("-t", "--state"):
+                only_state = args[i + 1].upper()
+            elif not a.startswith("-") and not (i > 0 and args[i - 1] in ("-t", "--state")):
+                specs.append(a)
+        for spec in specs:
             for part in spec.split(","):
                 for job in self._select(part):
                     if job.purged or job.state not in ACTIVE:
                         continue  # scancel of an ended or unknown job: rc 0, silent (22.05)
+                    if only_state is not None and self._ctld_state(job) != only_state:
+                        continue
                     a = job.attempt
                     a.cancelled_by = self.uid
                     if job.state == "PENDING":
@@ -848,7 +859,7 @@ class FakeSlurm:
         verb = args[0].lower() if args else ""
         if verb == "show" and len(args) >= 2 and args[1] == "job":
             return self._show_job(args[2] if len(args) > 2 else None, oneliner)
-        if verb in ("requeue", "release", "hold"):
+        if verb in ("requeue", "requeuehold", "release", "hold"):
             errors = []
             for spec in args[1].split(","):
                 err = getattr(self, "_verb_" + verb)(spec)
@@ -881,6 +892,14 @@ class FakeSlurm:
             if err:
                 return err
         return None
+
+    def _verb_requeuehold(self, spec: str) -> Optional[str]:
+        """``scontrol requeuehold``: a requeue whose new attempt is held (PENDING, JobHeldUser) until released."""
+        err = self._verb_requeue(spec)
+        if err is None:
+            for job in (j for j in self._select(spec) if not j.purged):
+                job.held, job.reason = True, "JobHeldUser"
+        return err
 
     def _verb_release(self, spec: str) -> Optional[str]:
         jobs = [j for j in self._select(spec) if not j.purged]

@@ -82,6 +82,36 @@ def test_two_ranks_zero2_bf16_activation_checkpointing(tmp_path):
     assert len(shards) == 2 and "pp_rank_0_" in shards[0] and "pp_rank_1_" in shards[1]
 
 
+@pytest.mark.slow
+def test_a_stray_sigusr2_is_a_checkpoint_request_and_training_goes_on(tmp_path):
+    """A SIGUSR2 that Slurm did not send (a person's ``scancel --signal=USR2``: no PreemptTime, most of the time
+    limit left, as the FakeSlurm on PATH answers scontrol) stops nothing: the job saves a checkpoint at the end of
+    that step and trains on to the end, exit 0; it never hands over (hpc_agent/slurm/usr2.py)."""
+    from tests.helpers import slurm_on_path
+    from tests.helpers.fake_slurm import FakeSlurm
+
+    slurm = FakeSlurm()
+    job = slurm.submit("hpc_agent:run", time_limit="01:00:00")
+    slurm.start(job)
+    slurm.advance(60)
+    path = slurm_on_path.install(tmp_path / "bin", tmp_path / "slurm.pickle", slurm)
+    cfg = snapshot(tmp_path / "cfg.yaml", train={"max_steps": 400, "ckpt_every": 1000, "precision": "bf16"})
+    run_dir = tmp_path / "run"
+    proc = start(cfg, run_dir, env_extra={"SLURM_JOB_ID": job, "PATH": path})
+    _wait_for_step(Path(proc.log_path), 2, [proc])
+    proc.send_signal(signal.SIGUSR2)
+    proc.wait(timeout=120)
+    log = Path(proc.log_path).read_text()
+    assert proc.returncode == 0, log[-3000:]
+    assert "a checkpoint request" in log and "signal SIGUSR2 at step" not in log, log[-3000:]
+    match = re.search(r"checkpoint request \(SIGUSR2\) at step (\d+): checkpoint (step_\d+) complete", log)
+    assert match, log[-3000:]
+    assert int(match.group(1)) < 400 and (run_dir / "checkpoints" / match.group(2) / MARKER).is_file()
+    assert "done: 400 steps" in log and max(losses(log)) == 400
+    assert ["scontrol", "--oneliner", "show", "job", job] in slurm_on_path.load(tmp_path / "slurm.pickle").commands
+    assert not (run_dir / f".handback-{job}").exists()
+
+
 def _wait_for_step(log: Path, step: int, procs, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -90,9 +90,9 @@ def test_submit_after_resume_reaches_sbatch(tmp_path):
 
 
 # --- the job's batch shell ------------------------------------------------------------------------------------
-def _rendered_teardown(run_dir: Path, overrides: List[str]) -> str:
+def _rendered_teardown(run_dir: Path, overrides: List[str], step: str = f"(exit {RC})") -> str:
     """The rendered job script's own lines that matter here: its exports (the run dir, the runs root) and its
-    teardown, run after a step that ended 75 (a signal's checkpoint is complete)."""
+    teardown, run after ``step``: by default a step that ended 75 (a signal's checkpoint is complete)."""
     cfg = load_config("quickstart", ["slurm.partition=low", "slurm.python=/usr/bin/python3", *overrides], env={})
     script = render_job_script(cfg, run_dir.name, run_dir, run_dir / "config.yaml")
     lines = script.splitlines()
@@ -100,7 +100,7 @@ def _rendered_teardown(run_dir: Path, overrides: List[str]) -> str:
     assert f"export {handback.RUNS_ROOT_ENV}={run_dir.parent}" in exports  # the job knows its runs root
     teardown = lines[lines.index("# teardown") + 1:]
     assert any("scontrol requeue" in line for line in teardown)
-    return "\n".join([*exports, f"(exit {RC})", *teardown])
+    return "\n".join([*exports, step, *teardown])
 
 
 @pytest.mark.parametrize("paused", [True, False])
@@ -147,7 +147,9 @@ def test_the_hand_over_to_a_successor_only_when_not_paused(tmp_path, paused):
         (run_dir.parent / "watch.paused").write_text("")
     calls = tmp_path / "calls"
     env = {**_recorders(tmp_path / "bin", calls, {"sbatch": f"{NEW};cluster"}), "SLURM_JOB_ID": OLD}
-    script = _rendered_teardown(run_dir, ["resilience.successor_on_preempt=true"])
+    # rank 0's marker after Slurm's preemption notice (launch/signals.py): only that reason hands over
+    marker = f"printf '%s preempted\\n' {OLD} > {run_dir}/{handback.MARKER_PREFIX}{OLD}; (exit 0)"
+    script = _rendered_teardown(run_dir, ["resilience.successor_on_preempt=true"], marker)
     proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == RC, proc.stderr
     if paused:
@@ -190,7 +192,7 @@ def test_a_rank_that_requeues_itself_checks_the_pause_file(tmp_path, monkeypatch
         monkeypatch.delenv(key, raising=False)
     said: List[str] = []
     assert hand_back_to_slurm(signal.SIGUSR2, said.append) == RC
-    requeues = [c for c in _called(calls) if c.startswith("scontrol")]
+    requeues = [c for c in _called(calls) if c.startswith("scontrol requeue")]  # (it asks scontrol show job first)
     if paused:
         assert requeues == [] and any("kill switch is set" in line for line in said)
     else:

@@ -276,6 +276,30 @@ def unreachable(e: Env, *words: str) -> List[str]:
     return [*words, "--remote", "me@login"]
 
 
+def cancel_run(e: Env) -> str:
+    """A run in the ledger whose job 41 runs."""
+    from hpc_agent.state.ledger import Ledger
+
+    ledger = Ledger.in_runs_root(e.root)
+    try:
+        (e.root / "r1").mkdir()
+        ledger.add_run("r1", "t", str(e.root / "r1"))
+        ledger.record_submitted(ledger.record_intent("r1", "slurm", str(e.root / "r1" / "config.yaml"), "submit"), "41")
+    finally:
+        ledger.close()
+    return "r1"
+
+
+def cancel_ok(e: Env) -> List[str]:
+    e.slurm(lambda argv: (0, "41|RUNNING\n", "") if argv[0] == "squeue" else (0, "", ""))
+    return [cancel_run(e), "--runs-root", str(e.root)]
+
+
+def cancel_slurm(e: Env) -> List[str]:
+    e.slurm(lambda argv: (1, "", "squeue: error: Unable to contact slurm controller (connect failure)"))
+    return [cancel_run(e), "--runs-root", str(e.root)]
+
+
 def status_ok(e: Env) -> List[str]:
     e.slurm(lambda argv: (0, "", ""))
     return ["--runs-root", str(e.ledger())]
@@ -301,6 +325,9 @@ CASES = {
     ("diagnose", REMOTE): lambda e: unreachable(e, "1234"),
     ("review", REMOTE): lambda e: unreachable(e, "runs"),
     ("status", OK): status_ok,
+    ("cancel", OK): cancel_ok,
+    ("cancel", USAGE): lambda e: (e.ledger(), ["nosuch-run", "--runs-root", str(e.root)])[1],
+    ("cancel", SLURM): cancel_slurm,
     ("status", USAGE): lambda e: ["--runs-root", str(e.tmp / "nope")],
     ("status", REMOTE): lambda e: unreachable(e),
     ("doctor", OK): lambda e: ["--data", str(data_file(e)), "--out", str(e.tmp / "data.yaml")],
@@ -375,7 +402,7 @@ def test_version(command, capsys):
 
 CHATTER = {"submit": "executor: local", "prepare": "[prepare] ready", "watch": "[watch] following"}
 CHATTER_ON_STDERR = {"export"}  # its stdout is the result line alone
-RESULTS = {"export": "exported run run1 step 4", "submit": "# Dry run: nothing was created", "diagnose": "evidence:", "sweep": "# Dry run",
+RESULTS = {"cancel": "cancelled job 41 (running, current)", "export": "exported run run1 step 4", "submit": "# Dry run: nothing was created", "diagnose": "evidence:", "sweep": "# Dry run",
            "chaos": '"faults"', "config": "configs", "init": "next:"}
 
 

@@ -123,7 +123,7 @@ def test_under_hpc_agents_job_script_rank_0_leaves_the_requeue_to_the_batch_shel
     from launch import signals
 
     ran = []
-    monkeypatch.setattr(signals, "_say_why_usr2", lambda cli, job_id, lead_s, say: None)
+    monkeypatch.setattr(signals, "usr2_reason", lambda job_id, lead_s: (handback.PREEMPTED, "PreemptTime=x"))
     monkeypatch.setattr("hpc_agent.slurm.cli.SlurmCLI.run", lambda self, argv, **kw: ran.append(argv))
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     monkeypatch.setenv("SLURM_PROCID", "0")
@@ -133,7 +133,8 @@ def test_under_hpc_agents_job_script_rank_0_leaves_the_requeue_to_the_batch_shel
     # exit 0 (srun does not terminate the step) with the marker the batch shell turns back into 75
     assert signals.hand_back_to_slurm(signal.SIGUSR2, said.append) == 0
     assert ran == [] and "the batch script requeues job 41" in said[-1] and "this attempt ends now" in said[-1]
-    assert (tmp_path / ".handback-41").read_text() == "41\n"
+    assert (tmp_path / ".handback-41").read_text() == "41 preempted\n"  # the reason: the batch shell hands over on it
+    assert "SIGUSR2 (PreemptTime=x): a preemption notice" in said[0]
     monkeypatch.setenv("SLURM_PROCID", "1")  # the other ranks exit 0 and leave no marker
     (tmp_path / ".handback-41").unlink()
     assert signals.hand_back_to_slurm(signal.SIGUSR2, said.append) == 0 and not (tmp_path / ".handback-41").exists()

@@ -39,7 +39,7 @@ PURE_CORE = {"hpc_agent.watcher.follow", "hpc_agent.watcher.follow_hang", "hpc_a
              "hpc_agent.state.lifecycle", "hpc_agent.policy.decide", "hpc_agent.policy.memory",
              "hpc_agent.policy.partitions", "hpc_agent.policy.adaptive_lr", "hpc_agent.slurm.job_match",
              "hpc_agent.slurm.sacct", "hpc_agent.slurm.sacct_read", "hpc_agent.slurm.sacct_json",
-             "hpc_agent.slurm.hostlist", "hpc_agent.slurm.attempt_cache", "hpc_agent.slurm.timelimit",
+             "hpc_agent.slurm.hostlist", "hpc_agent.slurm.attempt_cache", "hpc_agent.slurm.timelimit", "hpc_agent.slurm.usr2",
              "hpc_agent.core.heartbeat_format", "hpc_agent.core.causes", "hpc_agent.core.exit_codes",
              "hpc_agent.diagnosis.hang", "hpc_agent.diagnosis.classify", "hpc_agent.diagnosis.logscan",
              "hpc_agent.diagnosis.local_job",
