@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_goodput_of_a_preempted_run_adds_up_to_its_allocation(root):
-    run_dir, job = submit(root, *LONG_RUN, "run.name=goodput", "train.max_steps=1200", "train.ckpt_every=400")
+    # The plain requeue under the watcher (one job id, requeued in place): the hand-over's chain is another path.
+    run_dir, job = submit(root, *LONG_RUN, "run.name=goodput", "train.max_steps=1200", "train.ckpt_every=400",
+                          "resilience.successor_on_preempt=false")
     watcher = WatcherProcess(root)
     try:
         wait_for(lambda: last_step(log_text(run_dir, job)) >= 30, 180, what="training to start")
