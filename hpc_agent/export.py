@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 from hpc_agent.cli import exit_status, invocation
 from hpc_agent.cli.flags import add_common_arguments, configure
 from hpc_agent.runs.export_plan import MODES, ExportError
+from hpc_agent.core.fsutil import fsync
 
 log = logging.getLogger("hpc_agent.export")
 WEIGHTS, CONFIG_JSON, README = "model.safetensors", "config.json", "README.md"
@@ -183,14 +184,6 @@ def out_problem(out: Path, force: bool) -> Optional[str]:
     return None
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def publish(staging: Path, out: Path) -> None:
     """Move the written files into place: the whole folder in one rename when ``out`` is absent or empty, else
     each file by ``os.replace`` (a reader sees an old file or the new one, never half of one)."""
@@ -198,7 +191,7 @@ def publish(staging: Path, out: Path) -> None:
     os.umask(umask)
     for name in OUT_FILES:
         os.chmod(staging / name, 0o666 & ~umask)  # as any file the user writes (safetensors writes 0600)
-        _fsync(staging / name)
+        fsync(staging / name)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp made it 0700
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         os.replace(staging, out)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hpc_agent.core.checkpoint_format import MARKER, MARKER_VERSION, files_of, retention, scan, tag_for
 from hpc_agent.core.filemodes import dir_mode, file_mode_in, group_of, make_dir, set_mode
-from hpc_agent.core.fsutil import atomic_write_json
+from hpc_agent.core.fsutil import atomic_write_json, fsync
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a file of a checkpoint is never a link out of the run directory
 
@@ -82,14 +82,6 @@ def _unconfirmed(tag_dir: Path, files: Dict[str, int]) -> Dict[str, Any]:
         time.sleep(0.5)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(engine: Any, root: Path, step: int, client_state: Dict[str, Any], layout: Dict[str, Any],
          rank: int, barrier: Callable[[], None], gather: Callable[[Any], List[Any]],
          before_marker: Optional[Callable[[int, Path], None]] = None) -> Tuple[str, float]:
@@ -126,7 +118,7 @@ def write_marker(tag_dir: Path, step: int, files: Dict[str, int], layout: Dict[s
     """Write ``COMPLETE.json`` (the last file of a checkpoint or snapshot) and fsync its directory."""
     atomic_write_json(tag_dir / MARKER, {"version": MARKER_VERSION, "step": step, "tag": tag_dir.name,
                                          "files": files, "layout": layout, "written_at": time.time(), **extra})
-    _fsync_dir(tag_dir)
+    fsync(tag_dir)
 
 
 def apply_retention(root: Path, keep: int) -> List[str]:

@@ -17,6 +17,15 @@ from typing import IO, Any, List, Optional, Tuple
 from hpc_agent.core.filemodes import file_mode_in, make_dir, open_created, set_mode
 
 
+def fsync(path: str | os.PathLike) -> None:
+    """Flush a file's or a folder's data to disk (a folder: the names created or renamed in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write to a temp file in the same directory, fsync it, then ``os.replace`` it into place. The file
     gets the mode its folder calls for (``0600``, or ``0640`` in a group-shared folder: hpc_agent.core.filemodes)."""
