@@ -26,6 +26,23 @@ tied to a step and replay when a resume goes back before it).
 
 With several ranks each rank acts when it first sees the file, which can be a step apart; the
 chaos runs use one rank per job.
+
+**Persistent faults** (``"persistent": true``; the benchmarks' rule that faults behave as in reality,
+docs/benchmarks.md). When such a fault first fires, rank 0 records what caused it in
+``chaos/conditions/<nonce>.json`` (:func:`condition_for`), and every later step of every attempt of the run checks
+the recorded conditions (:func:`recurs`, pure), so the fault comes back whenever its cause is still there:
+
+- ``gpu_oom``: at any micro-batch at or above the one it happened at;
+- ``nan``: at the same step with a learning rate at or above the one it had (the data order is a function of the
+  step, so the same checkpoint, LR and data order give the same divergence);
+- ``host_oom``: ``mb`` more than the job's memory: at an attempt's first step, whenever the job's ``--mem``
+  (``SLURM_MEM_PER_NODE``) is at most the one it happened at;
+- ``hang``: at the same step on the same node (``SLURMD_NODENAME``): a hang that nothing changed recurs;
+- ``node_fail``: a bad node (its GPU fell off the bus, Xid 79) stays bad: every attempt on it ends at its next step
+  with the Xid line and exit 1, until the node is excluded.
+
+Two more kinds exist for these: ``hang`` (the rank stops making progress: signals are recorded, never acted on)
+and ``node_fail``; without ``persistent`` they fire once, like the others.
 """
 from __future__ import annotations
 
@@ -38,7 +55,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hpc_agent.core.fsutil import atomic_write_json
 
-KINDS = ("nan", "gpu_oom", "host_oom", "kill_during_save")
+KINDS = ("nan", "gpu_oom", "host_oom", "kill_during_save", "hang", "node_fail")
+PERSISTENT_KINDS = ("nan", "gpu_oom", "host_oom", "hang", "node_fail")
+CONDITIONS_DIR = "conditions"
+MAX_CONDITIONS = 64  # conditions read per attempt (the run's own chaos folder; a chaos run records a handful)
+XID_LINE = ("NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus. "
+            "(injected: node {node} is bad)")
 POLL_S = 0.25  # the trigger file is looked at, at most, this often
 TRIGGER_FILE = "inject.json"
 IN_SAVE_FILE = "in_save.json"
@@ -61,6 +83,96 @@ def chaos_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "chaos"
 
 
+def _safe_name(nonce: str) -> str:
+    return "".join(ch for ch in nonce if ch.isalnum() or ch in "-_.")[:80] or "empty"
+
+
+def node_name() -> str:
+    """The Slurm node this process runs on (every node of the localhost cluster shares one hostname)."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def mem_limit_mb() -> Optional[int]:
+    """The job's ``--mem`` in MB as Slurm exports it, or None outside a job (or with --mem-per-cpu)."""
+    try:
+        return int(os.environ["SLURM_MEM_PER_NODE"])
+    except (KeyError, ValueError):
+        return None
+
+
+def condition_for(kind: str, nonce: str, step: int, micro_batch: int, lr: float, node: str,
+                  mem_mb: Optional[int], mb: int = 0) -> Dict[str, Any]:
+    """What a persistent fault records when it first fires: the cause :func:`recurs` looks for. Pure."""
+    cond: Dict[str, Any] = {"kind": kind, "nonce": nonce, "first_step": step}
+    if kind == "gpu_oom":
+        cond["micro_batch_at_least"] = micro_batch
+    elif kind == "nan":
+        cond.update(step=step, lr_at_least=lr)
+    elif kind == "host_oom":
+        cond.update(mem_at_most_mb=mem_mb, mb=mb)
+    elif kind == "hang":
+        cond.update(step=step, node=node)
+    elif kind == "node_fail":
+        cond["node"] = node
+    return cond
+
+
+def recurs(cond: Dict[str, Any], step: int, micro_batch: int, lr: float, node: str, mem_mb: Optional[int],
+           first_step: bool) -> bool:
+    """Whether a recorded condition fires at this step of this attempt. Pure; a malformed condition never fires.
+
+    ``first_step``: the first step this process trains (a host OOM's leak starts there, once per process)."""
+    try:
+        kind = cond.get("kind")
+        if kind == "gpu_oom":
+            return micro_batch >= int(cond["micro_batch_at_least"])
+        if kind == "nan":  # the LR as the step had it; a lowered LR (a repair) no longer diverges there
+            return step == int(cond["step"]) and lr >= float(cond["lr_at_least"]) * (1 - 1e-6)
+        if kind == "host_oom":
+            limit = cond.get("mem_at_most_mb")
+            return first_step and (limit is None or mem_mb is None or mem_mb <= int(limit))
+        if kind == "hang":
+            return step == int(cond["step"]) and node == cond.get("node")
+        if kind == "node_fail":
+            return node == cond.get("node")
+    except (KeyError, TypeError, ValueError):
+        return False
+    return False
+
+
+def read_conditions(folder: Path) -> List[Dict[str, Any]]:
+    """The run's recorded conditions: regular files only, bounded in count and size, the malformed skipped."""
+    found: List[Dict[str, Any]] = []
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:MAX_CONDITIONS]
+    except OSError:
+        return found
+    for name in names:
+        try:
+            fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            import stat as _stat
+
+            if not _stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            data = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            cond = json.loads(data)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(cond, dict) and cond.get("kind") in PERSISTENT_KINDS:
+            found.append(cond)
+    return found
+
+
 class RuntimeTrigger:
     """Polls the trigger file; a no-op object when disabled (``enabled=False``)."""
 
@@ -78,13 +190,17 @@ class RuntimeTrigger:
         self._stall_s: Optional[float] = None
         self._stall_nonce = ""
         self.leak: Optional[threading.Thread] = None  # a host_oom's allocating thread
+        # Persistent faults recorded by earlier attempts (or earlier in this one): checked at every step.
+        self.conditions: List[Dict[str, Any]] = read_conditions(self.dir / CONDITIONS_DIR) if enabled else []
+        self._node = node_name() if enabled else ""
+        self._mem_mb = mem_limit_mb() if enabled else None
+        self._first_step = True
 
     def _say(self, text: str) -> None:
         print(f"[hpc_agent] fault: {text} (rank {self.rank}, runtime trigger)", flush=True)
 
     def _fired_path(self, nonce: str) -> Path:
-        safe = "".join(ch for ch in nonce if ch.isalnum() or ch in "-_.")[:80] or "empty"
-        return self.dir / "fired" / f"{safe}.rank{self.rank}"
+        return self.dir / "fired" / f"{_safe_name(nonce)}.rank{self.rank}"
 
     def _mark_fired(self, nonce: str, step: int, kind: str) -> None:
         atomic_write_json(self._fired_path(nonce), {"nonce": nonce, "kind": kind, "step": step, "time": time.time()})
@@ -112,9 +228,13 @@ class RuntimeTrigger:
             return None
         return spec
 
-    def before_step(self, step: int) -> None:
+    def before_step(self, step: int, micro_batch: int = 0, lr: float = 0.0) -> None:
         if not self.enabled:
             return
+        first, self._first_step = self._first_step, False
+        for cond in self.conditions:
+            if recurs(cond, step, micro_batch, lr, self._node, self._mem_mb, first):
+                self._fire(str(cond["kind"]), f"{cond.get('nonce', '')} again", step, cond.get("mb", 0))
         now = self.clock()
         if now < self._next_look:
             return
@@ -123,22 +243,38 @@ class RuntimeTrigger:
         if spec is None:
             return
         kind, nonce = spec["kind"], str(spec.get("nonce", ""))
+        if spec.get("persistent") and kind in PERSISTENT_KINDS:
+            cond = condition_for(kind, nonce, step, micro_batch, lr, self._node, self._mem_mb, int(spec.get("mb", 0)))
+            self.conditions.append(cond)
+            if self.rank == 0:
+                atomic_write_json(self.dir / CONDITIONS_DIR / f"{_safe_name(nonce)}.json", cond)
         if kind == "kill_during_save":  # fires (and is marked) when the next save reaches the hook
             self._stall_s, self._stall_nonce = float(spec.get("stall_s", 600)), nonce
             self._say(f"armed: the next checkpoint save stalls before {'COMPLETE.json'} (nonce {nonce})")
             return
         self._mark_fired(nonce, step, kind)
+        self._fire(kind, nonce, step, int(spec.get("mb", 0)))
+
+    def _fire(self, kind: str, nonce: str, step: int, mb: int) -> None:
         if kind == "nan":
             self._say(f"making the loss NaN at step {step} (nonce {nonce})")
             self._nan = True
         elif kind == "gpu_oom":  # raised from the forward (``loss``), where a real one happens
             self._say(f"out of memory at step {step} (nonce {nonce})")
             self._oom = nonce
-        elif kind == "host_oom" and self.rank == 0:
-            mb = int(spec.get("mb", 0))
+        elif kind == "host_oom" and self.rank == 0 and self.leak is None:
             self._say(f"allocating and touching {mb} MB of host memory beside training from step {step} (nonce {nonce})")
             self.leak = threading.Thread(target=_leak, args=(mb,), name="hpc_agent-chaos-host-oom", daemon=True)
             self.leak.start()
+        elif kind == "hang":
+            self._say(f"hanging at step {step} on {self._node}: no further progress (nonce {nonce})")
+            while True:  # like a stuck collective: signals are recorded, never acted on; Slurm's SIGKILL ends it
+                time.sleep(1)
+        elif kind == "node_fail":
+            self._say(f"node {self._node} is bad (nonce {nonce})")
+            print(XID_LINE.format(pid=os.getpid(), node=self._node), flush=True)
+            print("RuntimeError: CUDA error: GPU is lost", flush=True)
+            os._exit(1)  # the process dies with its GPU: no cleanup, no checkpoint
 
     def loss(self, loss: Any) -> Any:
         if self._oom:

@@ -195,9 +195,9 @@ class Trainer:
 
         t, engine = self.t, self.engine
         self.faults.before_step(step)
-        self.trigger.before_step(step)
-        started = time.perf_counter()
         lr = engine.get_lr()[0]
+        self.trigger.before_step(step, t.micro_batch_size, lr)  # a no-op unless faults.runtime_trigger
+        started = time.perf_counter()
         skipped = getattr(engine, "skipped_steps", 0)
         loss_total, grad_norm = 0.0, None
         for m in range(t.grad_accum_steps):

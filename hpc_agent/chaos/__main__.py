@@ -23,7 +23,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = exit_status.OK, exit_status.FAILED, exit_stat
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hpc_agent.chaos.schedule import KINDS
+    from hpc_agent.chaos.schedule import HANG, KINDS
+
+    # A hang is found only after resilience.hang_floor_s (120 s by default): put it in --kinds to have one.
+    seed_kinds = [k for k in KINDS if k != HANG]
 
     p = argparse.ArgumentParser(prog=invocation.prog("chaos"), description=__doc__.split("\n\n")[1].replace("\n", " "),
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -32,9 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--schedule", metavar="FILE", help="YAML/JSON schedule: a list of {kind, at_s}")
     src.add_argument("--seed", type=int, default=0, help="make a schedule from this seed (when no --schedule)")
-    p.add_argument("--faults", type=int, default=len(KINDS), help="number of faults for --seed")
+    p.add_argument("--faults", type=int, default=len(seed_kinds), help="number of faults for --seed")
     p.add_argument("--every", type=float, default=45.0, help="seconds between faults for --seed")
-    p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds for --seed")
+    p.add_argument("--kinds", default=",".join(seed_kinds),
+                   help=f"comma-separated fault kinds for --seed (default all but {HANG}; choose from {', '.join(KINDS)})")
+    p.add_argument("--persistent", action="store_true",
+                   help="faults behave as real ones do: an OOM recurs at the same size, a NaN at the same step and LR, "
+                        "a bad node stays bad until excluded (node_fail), a hang recurs at the same step on the same "
+                        "node (docs/chaos.md)")
     p.add_argument("--duration", type=float, default=1800.0, help="stop after this many seconds whatever happened")
     p.add_argument("--runs-root", default=None, help="runs root for the chaos run (default ./runs/chaos-<time>)")
     p.add_argument("--report-json", metavar="OUT", help="also write the report as JSON")
@@ -65,11 +73,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.print_schedule:
         print(dumps(schedule))
         return EXIT_OK
-    return run(args.config, overrides, schedule, args.duration, args.runs_root, args.report_json)
+    return run(args.config, overrides, schedule, args.duration, args.runs_root, args.report_json, args.persistent)
 
 
 def run(config: str, overrides: Sequence[str], schedule, duration: float, runs_root: Optional[str],
-        report_json: Optional[str]) -> int:
+        report_json: Optional[str], persistent: bool = False) -> int:
     from hpc_agent.chaos import inject
     from hpc_agent.chaos.campaign import ChaosDriver, Target, submit_run
     from hpc_agent.chaos.report import p3, passed, render
@@ -98,7 +106,7 @@ def run(config: str, overrides: Sequence[str], schedule, duration: float, runs_r
     printer = make_printer()
     tracker = Tracker(ledger, SlurmCLI(timeout_s=60), printer)
     driver = ChaosDriver([target], schedule, duration_s=duration, out=lambda line: print(line, flush=True),
-                         on_poll=lambda: tracker.show([(target.name, run_dir.name)]))
+                         on_poll=lambda: tracker.show([(target.name, run_dir.name)]), persistent=persistent)
     try:
         summaries = driver.run()
     finally:

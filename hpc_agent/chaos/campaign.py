@@ -96,8 +96,19 @@ class ChaosDriver:
     def __init__(self, targets: Sequence[Target], schedule: Sequence[Fault], *, duration_s: float,
                  sequential: bool = True, recovery_timeout_s: float = 300.0, poll_s: float = 1.0,
                  out: Callable[[str], None] = print, slurm: Optional[SlurmCLI] = None,
-                 on_poll: Callable[[], None] = lambda: None):
+                 on_poll: Callable[[], None] = lambda: None, persistent: bool = False,
+                 preempt_hold_s: Optional[int] = None, stop_when: Callable[[], Optional[str]] = lambda: None,
+                 charge_window: bool = False):
+        """``persistent``: faults behave as in reality (docs/benchmarks.md, rule 2): the run-time faults recur while
+        their cause is there (launch/chaos_trigger.py), ``node_fail`` is a bad node that stays bad until excluded
+        (not a killed slurmd), ``hang`` recurs at the same step on the same node. ``preempt_hold_s``: a preemption
+        takes the run's own node for that long (None: both nodes for 2 s). ``stop_when``: polled; a reason ends
+        the window early (a run that can no longer train: the rest of the window is lost all the same).
+        ``charge_window``: every target is charged the whole window (``duration_s`` from the start), ended early
+        or not, finished or not."""
         self.targets, self.schedule, self.on_poll = list(targets), list(schedule), on_poll  # on_poll: progress
+        self.persistent, self.preempt_hold_s, self.stop_when = persistent, preempt_hold_s, stop_when
+        self.charge_window, self.stopped_early = charge_window, ""
         self.duration_s, self.sequential, self.poll_s = duration_s, sequential, poll_s
         self.recovery_timeout_s, self.out = recovery_timeout_s, out
         self.slurm = slurm or SlurmCLI(timeout_s=60)
@@ -124,6 +135,11 @@ class ChaosDriver:
         pending = list(self.schedule)
         while time.time() < deadline:
             self.on_poll()
+            reason = self.stop_when()
+            if reason:
+                self.stopped_early = reason
+                self.say(f"ending the window early: {reason}")
+                break
             self._follow_recoveries()
             for t in self.targets:
                 self._note_progress(t)
@@ -187,7 +203,16 @@ class ChaosDriver:
         nonce = f"chaos-{int(self.started)}-{self.nonce}"
         opened = [self._open(fault, t) for t in targets]
         self.say(f"injecting {fault.kind} into {', '.join(t.name for t in targets)}")
-        if fault.kind == PREEMPT:
+        if fault.kind == PREEMPT and self.preempt_hold_s is not None:
+            for o in opened:
+                o.node = None  # nothing to start again afterwards: the preemptor ends by itself
+                node = inject.running_node(self.slurm, o.target.run_dir)
+                if node:
+                    self.say(f"  high-partition job {inject.preempt_node(self.slurm, node, self.preempt_hold_s)} "
+                             f"holds {node} for {self.preempt_hold_s}s")
+                else:
+                    o.record.note = "no running job found to preempt"
+        elif fault.kind == PREEMPT:
             self.say(f"  high-partition job {inject.preempt_all_nodes(self.slurm)}")
         elif fault.kind == KILL_DURING_SAVE:
             for o in opened:
@@ -196,9 +221,11 @@ class ChaosDriver:
             saved = [inject.in_save(o.target.run_dir, nonce) for o in opened]
             self.say(f"  stalled in the save of {', '.join(str(s and s['tag']) for s in saved)}; preempting: "
                      f"Slurm's SIGKILL ends it mid-save (job {inject.preempt_all_nodes(self.slurm)})")
-        elif fault.kind in RUNTIME_KINDS:
+        elif fault.kind in RUNTIME_KINDS or (fault.kind == NODE_FAIL and self.persistent):
             for o in opened:
                 extra = {"mb": self._host_oom_mb(o.target)} if fault.kind == "host_oom" else {}
+                if self.persistent:
+                    extra["persistent"] = True
                 inject.write_trigger(o.target.run_dir, fault.kind, nonce, **extra)
         elif fault.kind == NODE_FAIL:
             for o in opened:
@@ -323,7 +350,7 @@ class ChaosDriver:
 
         max_steps = t.config().train.max_steps
         start = _created_at(t)
-        end = t.done_at or stopped_at
+        end = self.started + self.duration_s if self.charge_window else (t.done_at or stopped_at)
         scalars = RunScalars(rundir.tb_dir(t.run_dir), tags=("train/loss", STEP_TIME))
         scalars.update()
         kept = [(p.step, p.wall_time, p.value) for p in scalars.series(STEP_TIME)]  # as ETTR counts them

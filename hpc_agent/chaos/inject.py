@@ -33,6 +33,15 @@ def preempt_all_nodes(slurm: SlurmCLI, seconds: int = 2) -> str:
     return out.strip().split(";")[0]
 
 
+def preempt_node(slurm: SlurmCLI, node: str, seconds: int) -> str:
+    """A job in the high partition that needs every CPU of ``node`` for ``seconds``: Slurm preempts what runs there
+    in ``low``, and a preempted 1-node run can come back only on another node meanwhile."""
+    out = slurm.run(["sbatch", "--parsable", "--partition", "high", "--nodes", "1", "--nodelist", node,
+                     "--exclusive", "--job-name", "chaos-preempt", "--output", "/dev/null",
+                     "--wrap", f"sleep {seconds}"]).stdout
+    return out.strip().split(";")[0]
+
+
 def write_trigger(run_dir: Path, kind: str, nonce: str, **extra) -> Path:
     """The run-time trigger the job polls each step (launch/chaos_trigger.py)."""
     return atomic_write_json(Path(run_dir) / "chaos" / "inject.json", {"kind": kind, "nonce": nonce, **extra})
@@ -54,6 +63,20 @@ def job_node(slurm: SlurmCLI, job_id: str) -> Optional[str]:
     except SlurmError:
         return None
     return out.split(",")[0] or None
+
+
+def running_node(slurm: SlurmCLI, run_dir: Path) -> Optional[str]:
+    """The node of the run's running job, found by the run's job name (a successor job has a new id but the same
+    name), or None."""
+    from hpc_agent.core.rundir import read_run_json
+
+    try:
+        name = str(read_run_json(Path(run_dir)).get("job_name") or "")
+        out = slurm.run(["squeue", "--noheader", "--me", "--name", name, "--states", "RUNNING", "--format", "%N"],
+                        check=False).stdout.split()
+    except (SlurmError, OSError, ValueError):
+        return None
+    return out[0].split(",")[0] if name and out else None
 
 
 def kill_node(node: str) -> str:

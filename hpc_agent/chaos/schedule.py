@@ -20,10 +20,12 @@ from typing import Any, List, Optional, Sequence
 # Faults that end the job and need the watcher (or Slurm) to bring it back.
 PREEMPT, HOST_OOM, GPU_OOM, NAN = "preempt", "host_oom", "gpu_oom", "nan"
 NODE_FAIL, CTLD_RESTART, WATCHER_KILL, KILL_DURING_SAVE = "node_fail", "slurmctld_restart", "watcher_kill", "kill_during_save"
-KINDS = (PREEMPT, HOST_OOM, GPU_OOM, NAN, NODE_FAIL, CTLD_RESTART, WATCHER_KILL, KILL_DURING_SAVE)
-RUNTIME_KINDS = (NAN, GPU_OOM, HOST_OOM, KILL_DURING_SAVE)
-"""Faults delivered through the job's run-time trigger file (launch/chaos_trigger.py)."""
-INTERRUPTING = (PREEMPT, HOST_OOM, GPU_OOM, NAN, NODE_FAIL, KILL_DURING_SAVE)
+HANG = "hang"
+KINDS = (PREEMPT, HOST_OOM, GPU_OOM, NAN, NODE_FAIL, CTLD_RESTART, WATCHER_KILL, KILL_DURING_SAVE, HANG)
+RUNTIME_KINDS = (NAN, GPU_OOM, HOST_OOM, KILL_DURING_SAVE, HANG)
+"""Faults delivered through the job's run-time trigger file (launch/chaos_trigger.py). With the driver's
+``persistent`` setting ``node_fail`` is one too (a bad node, not a killed slurmd)."""
+INTERRUPTING = (PREEMPT, HOST_OOM, GPU_OOM, NAN, NODE_FAIL, KILL_DURING_SAVE, HANG)
 """Faults that end the running attempt: recovery is a new attempt training again."""
 DEFAULT_MIX = (PREEMPT, GPU_OOM, NAN, PREEMPT, KILL_DURING_SAVE, HOST_OOM, WATCHER_KILL, CTLD_RESTART, NODE_FAIL)
 

@@ -125,6 +125,75 @@ def time_lost(start: float, end: float, points: Sequence[Tuple[int, float, float
             "lost_s": round(before + gaps_s + between + after, 3)}
 
 
+LOOKBACK_S = 60.0
+"""How long before a gap a fault may have been injected and still be its cause: a fault can take a while to end the
+attempt it hit (a leak growing to the memory limit, a hang found by the heartbeat's floor) while steps go on."""
+
+
+def lost_by_cause(lost: Mapping[str, Any], faults: Sequence[Tuple[str, float]], window_s: float,
+                  ckpt_every: int = 0, startup_s: Optional[float] = None,
+                  lookback_s: float = LOOKBACK_S) -> Dict[str, float]:
+    """:func:`time_lost`'s parts charged to causes, for a window into which ``faults`` (``(kind, seconds from the
+    window's start)``) were injected. Pure.
+
+    Each lost stretch (the time before the first kept step, each gap, the time after the last kept step) is charged
+    to the faults injected before it ended, no more than ``lookback_s`` before it began, and not charged to an
+    earlier stretch: each fault gets the stretch from its injection (or the stretch's start, for the first) to the
+    next such fault's injection (or the stretch's end). That is the fault's detection, the restart and the steps it
+    made the run train again: work that a later rollback or a resume from an older checkpoint threw away lies
+    before the first kept step, and is charged to the fault that threw it away. Otherwise:
+
+    - before the first step: ``start_up`` (with faults in it, the first ``startup_s`` seconds, when given);
+    - a gap with no new fault: ``checkpoint_save`` when the step before it is a multiple of ``ckpt_every``, else
+      the newest fault injected before it (a real fault recurs until its cause is gone: a resubmission that
+      meets it again), else ``other``; the time after the last step likewise, without the save rule;
+    - the loop's time between steps, and a last stretch no longer than ``GAP_S``: ``between_steps``.
+
+    The parts add up to ``lost["lost_s"]``."""
+    out: Dict[str, float] = {}
+    left = sorted((at, kind) for kind, at in faults)
+
+    def add(cause: str, seconds: float) -> None:
+        if seconds > 0:
+            out[cause] = round(out.get(cause, 0.0) + seconds, 3)
+
+    injected = sorted((at, kind) for kind, at in faults)
+
+    def charge(begin: float, end: float, otherwise: str, head: Optional[Tuple[float, str]] = None) -> None:
+        hits = [(at, kind) for at, kind in left if at <= end]
+        for hit in hits:  # charged now, or too old to explain anything later
+            left.remove(hit)
+        hits = [hit for hit in hits if hit[0] >= begin - lookback_s]
+        if not hits:
+            # No new fault: a fault still acting (it recurs until its cause is gone) explains it, unless the
+            # stretch is the periodic save's
+            acting = [kind for at, kind in injected if at <= begin]
+            add(acting[-1] if acting and otherwise != "checkpoint_save" else otherwise, end - begin)
+            return
+        if head is not None:
+            add(head[1], min(head[0], end) - begin)
+            begin = min(head[0], end)
+        for i, (_, kind) in enumerate(hits):
+            upto = min(max(hits[i + 1][0], begin), end) if i + 1 < len(hits) else end
+            add(kind, upto - begin)
+            begin = upto
+
+    before = float(lost.get("before_first_step_s", 0.0))
+    charge(0.0, before, "start_up", head=(startup_s, "start_up") if startup_s is not None else None)
+    add("between_steps", float(lost.get("between_steps_s", 0.0)))
+    for gap in sorted(lost.get("gaps", ()), key=lambda g: float(g["at_s"])):
+        begin, seconds = float(gap["at_s"]), float(gap["s"])
+        step = int(gap.get("before_step", 0)) - 1
+        charge(begin, begin + seconds, "checkpoint_save" if ckpt_every and step > 0 and step % ckpt_every == 0
+               else "other")
+    after = float(lost.get("after_last_step_s", 0.0))
+    if after > GAP_S:
+        charge(window_s - after, window_s, "other")
+    else:
+        add("between_steps", after)
+    return out
+
+
 def ettr(productive_s: float, available_s: Optional[float]) -> Optional[float]:
     """Productive time over the time the run had (never above 1: clocks of different machines disagree); None
     when there was no time to have."""

@@ -1,138 +1,369 @@
-"""P2, ETTR under faults: the watcher vs Slurm's own requeue, side by side, plus P3 (steps lost per
-signalled preemption).
+"""P2, ETTR under faults that behave as real ones do: the toolkit against the strongest realistic baseline, to the
+rules of docs/benchmarks.md (issue 45).
 
-    flock /tmp/hpc_slurm.lock python -m scripts.bench.ettr [--window 1200] [--out results/bench_ettr.json]
+    flock /tmp/hpc_slurm.lock python -m scripts.bench.ettr [--scales small,large] [--seeds 1,2,3] [--window 600]
+        [--out results/bench_ettr.json]
 
-Needs the localhost Slurm (bash scripts/cluster.sh up) and nothing else running on it. Two identical
-runs are submitted at once, one per node (slurm.nodes=1, the other node excluded): "watcher" has
-``python -m hpc_agent.watch`` on its runs root; "native" has only what Slurm and the job do by
-themselves (``--requeue``, the job's self-requeue after a preemption notice, resume from the latest
-complete checkpoint). The chaos driver injects the same schedule into both, a fault about every
-``--every`` seconds (mixed causes; a preemption hits both nodes at once, run-time faults go to each
-run that is training). Both are followed for the same window of ``--window`` seconds.
+Needs the localhost Slurm (bash scripts/cluster.sh up) and nothing else running on it; like P1 it runs under Slurm's
+default SchedulerParameters (``--scheduler``) and puts the test cluster's fast setting back at the end.
 
-ETTR = productive training time (the step times of the steps that survive in the final TensorBoard
-series) / wall time from submission to the end of the window. The runs are sized never to finish in
-the window, so both are charged the same wall time.
+**The two sides.** Both submit the same config with ``python -m hpc_agent.submit`` to the 2-node partition ``low``:
+
+- ``toolkit``: the defaults (in-job repairs, the hand-over to a successor job at a preemption, no snapshots) and
+  ``python -m hpc_agent.watch`` at its default ``--interval`` (5 s);
+- ``baseline``: what a user builds from submitit and a shell loop (NOTES.md, "Baselines users actually run"): at
+  the preemption signal the job saves a checkpoint and requeues itself (submitit's ``checkpoint()``), Slurm's
+  ``--requeue`` brings it back (eligible 121 s later), and a loop resubmits a job that ended any other way than
+  COMPLETED, unchanged, resuming from its newest checkpoint, at most ``max_retries`` (3) times
+  (:class:`ResubmitLoop`, polling every second). No in-job repairs, no hand-over, no watcher.
+
+**The faults** (``ChaosDriver(persistent=True)``; launch/chaos_trigger.py) behave as real ones do: a GPU OOM recurs
+at any micro-batch at or above the one it happened at; a divergence (NaN) recurs at the same step with the same LR
+(the data order is a function of the step); a host OOM recurs at every start while ``--mem`` is what it was; a bad
+node (its GPU falls off the bus, Xid 79) fails every attempt placed on it until it is excluded; a hang recurs at
+the same step on the same node. A preemption takes the run's node for ``--preempt-hold`` seconds (60) with a job
+of the high partition; it is the one fault that goes away by itself, and it is reported under its own name. Each
+seed draws the order and times of the six faults (``hpc_agent.chaos.schedule.from_seed``: one of each, about
+``window / 9`` apart, from ~40 s after the first step); both sides get the same seeds.
+
+**The scales**: ``small`` is the earlier P2 setting (a 4-layer, 128-wide byte GPT, ~0.1 s steps, a 16 MB
+checkpoint); ``large`` is a bigger model, not a padding buffer: GPT-2 small's shape with a byte vocabulary
+(12 layers, 768 wide, 85.5M parameters), ~2 s steps on one CPU under Slurm, a ~1.4 GB checkpoint (fp32 weights, the ZeRO
+fp32 partition, Adam's two moments). Both checkpoint about every 30 s of training, the same on both sides.
+
+**The figure**: ETTR = the step time of the steps that survive in TensorBoard and ended within the window, over
+the window (``--window`` seconds from the submission; ``hpc_agent.runs.goodput.time_lost``). A run that can no
+longer train (the loop gave up, a hung job that would hold its node until its 2-hour limit, a run the watcher
+stopped) ends early and is charged the whole window all the same. The lost time is split by cause
+(``goodput.lost_by_cause``: each fault is charged the first gap after its injection). Each (scale, seed) runs
+both sides one after the other on an idle cluster, the order alternating by seed.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import signal
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.chaos import inject  # noqa: E402
 from hpc_agent.chaos.campaign import ChaosDriver, Target, submit_run  # noqa: E402
-from hpc_agent.chaos.report import p3, render  # noqa: E402
-from hpc_agent.chaos.schedule import Fault  # noqa: E402
+from hpc_agent.chaos.schedule import GPU_OOM, HANG, HOST_OOM, NAN, NODE_FAIL, PREEMPT, from_seed  # noqa: E402
+from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
+from hpc_agent.runs.goodput import lost_by_cause  # noqa: E402
 from hpc_agent.slurm.cli import SlurmCLI  # noqa: E402
+from scripts.bench.machine import machine  # noqa: E402
 
-# ~0.07 s a step on one CPU thread (OMP_NUM_THREADS follows cpus_per_task; two 2-thread jobs on this
-# 2-core machine ran 10x slower); a checkpoint about every 10 s. Each run is kept on its own node.
-RUN = ["slurm.cpus_per_task=1", "slurm.time=02:00:00", "train.max_steps=1000000", "train.micro_batch_size=8",
-       "train.ckpt_every=150", "model.d_model=128", "model.n_layers=4", "model.seq_len=128"]
-NODES = {"watcher": "node2", "native": "node1"}  # excluded node per run: one run per node
-# What each side may do by itself. configs/chaos.yaml turns in-job repairs off (the chaos tests check the
-# watcher's own repairs); the toolkit's run gets them back, plus snapshots every 25 steps (~2 s here) and the
-# hand-over to a successor job at a preemption (hpc_agent/core/handback.py), which a hand-written sbatch script does not have.
-SIDE = {"watcher": ["resilience.in_job_retries=2", "resilience.snapshot_every=25", "resilience.successor_on_preempt=true"],
-        "native": ["resilience.in_job_retries=0", "resilience.snapshot_every=0", "resilience.successor_on_preempt=false"]}
-MIX = ("preempt", "gpu_oom", "preempt", "nan", "preempt", "host_oom")
+COMMON = ["slurm.nodes=1", "slurm.cpus_per_task=1", "slurm.time=02:00:00", "train.max_steps=1000000",
+          "slurm.partition=low"]
+SCALES: Dict[str, Dict[str, Any]] = {
+    "small": {"overrides": ["slurm.mem=2G", "train.micro_batch_size=8", "model.d_model=128", "model.n_layers=4",
+                            "model.seq_len=128", "train.ckpt_every=300"],
+              "what": "byte GPT, 4 layers x 128 wide, seq 128, micro-batch 8: ~0.1 s steps, a 16 MB checkpoint, "
+                      "one every 300 steps (~30 s)"},
+    "large": {"overrides": ["slurm.mem=4G", "train.micro_batch_size=2", "model.d_model=768", "model.n_layers=12",
+                            "model.n_heads=12", "model.seq_len=64", "train.ckpt_every=15"],
+              "what": "a bigger model (no padding): GPT-2 small's shape with a byte vocabulary, 12 layers x 768 "
+                      "wide, 85.5M parameters, seq 64, micro-batch 2: ~2 s steps on one CPU under Slurm, a ~1.4 GB "
+                      "checkpoint (fp32 weights, ZeRO's fp32 partition, Adam's two moments), one every 15 steps "
+                      "(~30 s)"},
+}
+SIDES = {
+    "toolkit": ["resilience.in_job_retries=2"],  # the default (configs/chaos.yaml turns it off for the chaos CI)
+    "baseline": ["resilience.in_job_retries=0", "resilience.successor_on_preempt=false",
+                 "resilience.snapshot_every=0"],
+}
+MIX = (PREEMPT, GPU_OOM, HOST_OOM, NAN, NODE_FAIL, HANG)
+MAX_RETRIES = 3
+WATCH_INTERVAL_S = 5.0  # python -m hpc_agent.watch's default
+HUNG_AFTER_S = 90.0  # a baseline job RUNNING without a new step this long is hung until its time limit
+GONE_AFTER_S = 60.0  # no job of the run in the queue this long: nothing will bring it back
 
 
-def schedule(window: float, every: float):
-    count = max(1, int(window // every))
-    return [Fault(MIX[i % len(MIX)], round(every * (i + 1) - 30, 1)) for i in range(count) if every * (i + 1) - 30 < window - 60]
+# --- the baseline's resubmit loop ---------------------------------------------------------------------------------
+def loop_action(queued: bool, state: str, retries: int, max_retries: int) -> str:
+    """The user's loop, decided (pure): ``wait`` while the job is queued or sacct has no final state yet (a
+    preempted job Slurm requeued is queued), ``done`` at COMPLETED, else ``resubmit`` until ``max_retries``
+    resubmissions were made, then ``give_up``."""
+    if queued or state in ("", "PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "UNKNOWN", "COMPLETING"):
+        return "wait"
+    if state == "COMPLETED":
+        return "done"
+    return "resubmit" if retries < max_retries else "give_up"
+
+
+class ResubmitLoop:
+    """The loop users write around submitit: when the run's job has ended other than COMPLETED (a preempted job
+    Slurm requeued has not ended), submit the same config again, resuming from its newest checkpoint; give up after
+    ``max_retries`` resubmissions."""
+
+    def __init__(self, root: Path, run_dir: Path, slurm: SlurmCLI, max_retries: int = MAX_RETRIES,
+                 say: Callable[[str], None] = print):
+        self.root, self.run_dir, self.slurm, self.max_retries, self.say = root, run_dir, slurm, max_retries, say
+        self.retries, self.gave_up, self.completed = 0, "", False
+        self.ends: List[Dict[str, Any]] = []
+
+    def _job(self) -> str:
+        from hpc_agent.core.rundir import read_run_json
+
+        ids = read_run_json(self.run_dir).get("job_ids", [])
+        return str(ids[-1]) if ids else ""
+
+    def poll(self) -> None:
+        if self.gave_up or self.completed:
+            return
+        job = self._job()
+        if not job:
+            return
+        queued = self.slurm.run(["squeue", "--noheader", "--jobs", job, "--format", "%T"], check=False).stdout.split()
+        state = ""
+        if not queued:
+            rows = self.slurm.run(["sacct", "-X", "-n", "-P", "-j", job, "--format", "State"],
+                                  check=False).stdout.split()
+            state = rows[-1].split()[0] if rows else "UNKNOWN"
+        action = loop_action(bool(queued), state, self.retries, self.max_retries)
+        if action == "done":
+            self.completed = True
+        if action not in ("resubmit", "give_up"):
+            return
+        self.ends.append({"job": job, "state": state, "at": time.time()})
+        if action == "give_up":
+            self.gave_up = f"job {job} ended {state} after {self.retries} resubmissions (max_retries {self.max_retries})"
+            self.say(f"  baseline loop: {self.gave_up}; giving up")
+            return
+        self.retries += 1
+        try:
+            new = resubmit_unchanged(self.root, self.run_dir)
+        except Exception as exc:  # noqa: BLE001 - sbatch's refusal ends the user's loop as well
+            self.gave_up = f"resubmitting job {job} failed: {exc}"
+            self.say(f"  baseline loop: {self.gave_up}")
+            return
+        self.say(f"  baseline loop: job {job} ended {state}: resubmitted unchanged as {new} "
+                 f"({self.retries} of {self.max_retries})")
+
+
+def resubmit_unchanged(root: Path, run_dir: Path) -> str:
+    """``sbatch`` of the same job again, as a user's loop does (submitit's ``executor.submit`` of the same callable):
+    the run's config as it is; the job resumes from the newest complete checkpoint in the run directory (what the
+    trainer does at every start). Nothing goes through the ledger: no watcher follows this run."""
+    from hpc_agent.config.load import load_run_config
+    from hpc_agent.core import rundir
+    from hpc_agent.jobs.executor import make_executor
+    from hpc_agent.jobs.submission import job_for, update_run_json
+
+    cfg = load_run_config(run_dir)
+    config_path = run_dir / rundir.CONFIG
+    executor = make_executor("slurm", rundir.slurm_dir(run_dir), cfg, run_dir.name, run_dir, config_path)
+    job = executor.submit(job_for(run_dir, cfg, config_path))
+    update_run_json(run_dir, run_dir.name, "slurm", str(job.job_id), config_path, cfg)  # the loop's own record
+    return str(job.job_id)
+
+
+# --- one run ---------------------------------------------------------------------------------------------------------
+def queued_jobs(slurm: SlurmCLI, run_dir: Path) -> List[str]:
+    """"STATE" of every job of the run in the queue, found by the run's job name (successors included)."""
+    from hpc_agent.core.rundir import read_run_json
+
+    name = str(read_run_json(run_dir).get("job_name") or "")
+    if not name:
+        return []
+    return slurm.run(["squeue", "--noheader", "--me", "--name", name, "--format", "%T"], check=False).stdout.split()
+
+
+def cancel_run(slurm: SlurmCLI, run_dir: Path) -> None:
+    from hpc_agent.core.rundir import read_run_json
+
+    name = str(read_run_json(run_dir).get("job_name") or "")
+    if name:
+        slurm.run(["scancel", "--me", "--name", name], check=False)
+
+
+def cluster_idle(slurm: SlurmCLI) -> bool:
+    queue = slurm.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+    nodes = slurm.run(["sinfo", "-h", "-N", "-p", "low", "-o", "%T"], check=False).stdout.split()
+    return not queue and bool(nodes) and all(state == "idle" for state in nodes)
+
+
+def wait_idle(slurm: SlurmCLI, timeout_s: float = 180.0) -> float:
+    start = time.time()
+    while not cluster_idle(slurm):
+        if time.time() - start > timeout_s:
+            raise RuntimeError(f"the cluster is not idle after {timeout_s:.0f} s: squeue shows other jobs")
+        time.sleep(1.0)
+    return round(time.time() - start, 1)
+
+
+def one_run(scale: str, seed: int, side: str, window: float, hold_s: int, work: Path, keep: bool) -> Dict[str, Any]:
+    slurm = SlurmCLI(timeout_s=60)
+    waited = wait_idle(slurm)
+    faults = schedule(seed, window)
+    root = work / f"{scale}-s{seed}-{side}"
+    say = lambda text: print(f"[{scale} seed {seed} {side}] {text}", flush=True)  # noqa: E731
+    run_dir = submit_run(root, "configs/chaos.yaml", [*COMMON, *SCALES[scale]["overrides"], *SIDES[side],
+                                                       f"run.name=p2-{scale}-{seed}-{side}"])
+    target = Target(side, root, run_dir)
+    loop = ResubmitLoop(root, run_dir, slurm, say=say) if side == "baseline" else None
+    if side == "toolkit":
+        target.watcher = inject.Watcher(root, interval=WATCH_INTERVAL_S)
+        target.watcher.start()
+    seen: Dict[str, Any] = {"step": None, "moved": time.time(), "queued": time.time()}
+
+    def stop_when() -> Optional[str]:
+        now = time.time()
+        progress = target.progress()
+        key = (len(progress.segments), progress.last_step)  # a new attempt redoing the same steps is progress too
+        if key != seen["step"]:
+            seen["step"], seen["moved"] = key, now
+        states = queued_jobs(slurm, run_dir)
+        if states:
+            seen["queued"] = now
+        if loop is not None and loop.gave_up:
+            return f"the resubmit loop gave up: {loop.gave_up}"
+        if now - seen["queued"] > GONE_AFTER_S:
+            return f"no job of the run in the queue for {GONE_AFTER_S:.0f} s"
+        if (loop is not None and states == ["RUNNING"] and now - seen["moved"] > HUNG_AFTER_S
+                and progress.training):
+            return (f"hung: no step for {HUNG_AFTER_S:.0f} s while RUNNING; with nothing watching it, the job holds "
+                    "its node until its time limit (2 h)")
+        return None
+
+    driver = ChaosDriver([target], faults, duration_s=window, sequential=True, recovery_timeout_s=200.0,
+                         out=say, slurm=slurm, on_poll=loop.poll if loop else (lambda: None), persistent=True,
+                         preempt_hold_s=hold_s, stop_when=stop_when, charge_window=True)
+    try:
+        (summary,) = driver.run()
+    finally:
+        if target.watcher is not None:
+            target.watcher.stop()
+        cancel_run(slurm, run_dir)
+    start = driver.started + window - summary.wall_s  # the run's creation (the ledger's)
+    injected = [(r.kind, r.injected_at_s + (driver.t0 - start)) for r in driver.records if r.injected_at_s is not None]
+    cfg = target.config()
+    by_cause = lost_by_cause(summary.time_lost or {}, injected, window_s=summary.wall_s,
+                             ckpt_every=cfg.train.ckpt_every, startup_s=driver.t0 - start)
+    steps = [s for s in (summary.time_lost or {}).get("gaps", [])]
+    out = {"scale": scale, "seed": seed, "side": side, "ettr": summary.ettr, "productive_s": summary.productive_s,
+           "window_s": summary.wall_s, "lost_s": (summary.time_lost or {}).get("lost_s"),
+           "lost_by_cause_s": by_cause, "stopped_early": driver.stopped_early,
+           "schedule": [f.to_dict() for f in faults],
+           "faults": [r.to_dict() for r in driver.records], "jobs": target.job_ids(),
+           "resubmissions": loop.retries if loop else None, "ends_seen_by_loop": loop.ends if loop else None,
+           "last_step": target.progress().last_step, "waited_for_idle_cluster_s": waited,
+           "largest_gaps": steps[:8], "run_dir": str(run_dir) if keep else None}
+    say(f"ETTR {summary.ettr} ({summary.productive_s:.0f} s of {summary.wall_s:.0f} s); lost by cause: "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])))
+    return out
+
+
+def schedule(seed: int, window: float):
+    """One of each fault of ``MIX``, in the seed's order, about ``window / 9`` apart from ~40 s after the first
+    step; the same for both sides."""
+    return from_seed(seed, len(MIX), every_s=window / 9, kinds=MIX, first_s=40.0)
+
+
+# --- the summary -----------------------------------------------------------------------------------------------------
+def spread(values: List[float]) -> Dict[str, Any]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"n": 0}
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4),
+            "n": len(values)}
+
+
+def summarise(trials: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Per scale: ETTR per side and the ratio per seed, median and min-max; the lost time by cause per side
+    (median over the seeds of each cause's seconds, a seed without the cause counting 0)."""
+    out: Dict[str, Any] = {}
+    for scale in sorted({t["scale"] for t in trials}):
+        rows = [t for t in trials if t["scale"] == scale]
+        seeds = sorted({t["seed"] for t in rows})
+        by = {(t["seed"], t["side"]): t for t in rows}
+        ratios = [by[(s, "toolkit")]["ettr"] / by[(s, "baseline")]["ettr"] for s in seeds
+                  if (s, "toolkit") in by and (s, "baseline") in by and by[(s, "baseline")]["ettr"]]
+        entry: Dict[str, Any] = {"seeds": seeds, "ratio_toolkit_over_baseline": spread(ratios)}
+        for side in SIDES:
+            mine = [t for t in rows if t["side"] == side]
+            causes = sorted({c for t in mine for c in t["lost_by_cause_s"]})
+            entry[side] = {"ettr": spread([t["ettr"] for t in mine]),
+                           "lost_by_cause_s_median": {c: round(statistics.median(
+                               [t["lost_by_cause_s"].get(c, 0.0) for t in mine]), 1) for c in causes},
+                           "ended_early": sum(1 for t in mine if t["stopped_early"])}
+        out[scale] = entry
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--window", type=float, default=1200.0, help="seconds both runs are followed (default 1200)")
-    parser.add_argument("--every", type=float, default=180.0, help="seconds between faults (default 180)")
+    parser.add_argument("--scales", default="small,large", help="comma-separated: small, large (default both)")
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated fault-schedule seeds (default 1,2,3)")
+    parser.add_argument("--window", type=float, default=600.0, help="seconds each run is charged (default 600)")
+    parser.add_argument("--preempt-hold", type=int, default=60, help="seconds a preemptor holds the node (default 60)")
+    parser.add_argument("--sides", default="toolkit,baseline", help=argparse.SUPPRESS)
+    parser.add_argument("--scheduler", choices=("default", "fast"), default="default",
+                        help="SchedulerParameters during the benchmark: Slurm's defaults (default) or the test "
+                             "cluster's fast setting; the fast setting is restored at the end either way")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_ettr.json"))
-    parser.add_argument("--keep", metavar="DIR", help="keep both runs' directories under DIR (a new, empty folder) "
-                        "for a look afterwards; by default they go in a temporary folder that is removed")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' directories (printed at the end)")
     args = parser.parse_args()
-    keep = Path(args.keep) if args.keep else None
-    if keep is not None and keep.exists() and any(keep.iterdir()):
-        print(f"--keep {keep}: not an empty folder", file=sys.stderr)
+    scales = [s for s in args.scales.split(",") if s]
+    bad = [s for s in scales if s not in SCALES]
+    if bad:
+        print(f"--scales: unknown {', '.join(bad)}; choose from {', '.join(SCALES)}", file=sys.stderr)
         return 2
-    faults = schedule(args.window, args.every)
-    print("schedule: " + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in faults), flush=True)
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-    # ignore_cleanup_errors: a cancelled job can still be writing its last checkpoint while the
-    # directory is removed; the measurement is already written by then.
-    with (contextlib.nullcontext(keep) if keep is not None
-          else tempfile.TemporaryDirectory(prefix="bench-ettr-", ignore_cleanup_errors=True)) as tmp:
-        work = Path(tmp)
-        watched = Target("watcher", work / "watcher", submit_run(work / "watcher", "configs/chaos.yaml",
-                                                                  [*RUN, *SIDE["watcher"], "run.name=ettr-watcher", f"slurm.exclude={NODES['watcher']}"]))
-        native = Target("native", work / "native", submit_run(work / "native", "configs/chaos.yaml",
-                                                               [*RUN, *SIDE["native"], "run.name=ettr-native", f"slurm.exclude={NODES['native']}"]))
-        watched.watcher = inject.Watcher(watched.root)
-        watched.watcher.start()
-        driver = ChaosDriver([watched, native], faults, duration_s=args.window, sequential=False,
-                             recovery_timeout_s=args.every * 2, out=lambda line: print(line, flush=True))
-        try:
-            summaries = driver.run()
-        finally:
-            watched.watcher.stop()
-            ids = watched.job_ids() + native.job_ids()
-            if ids:
-                SlurmCLI(timeout_s=30).run(["scancel", *ids], check=False)
-        for s in summaries:  # never meant to finish in the window: its end-of-run checks do not apply
-            s.checks = [c for c in s.checks if c.name not in ("final checkpoint complete", "continuous step series")]
-        print(render(driver.records, summaries), flush=True)
-        by_name = {s.name: s for s in summaries}
-        ours, base = by_name["watcher"].ettr, by_name["native"].ettr
-        ratio = round(ours / base, 2) if ours and base else None
-        watched_records = [r for r in driver.records if r.target == "watcher"]
-        out = {
-            "benchmark": "ETTR under a fault every ~%.0f s: watcher vs native Slurm requeue, side by side" % args.every,
-            "window_s": args.window, "schedule": [f.to_dict() for f in faults], "run_overrides": RUN, "side_overrides": SIDE,
-            "summary": {
-                "ettr_watcher": ours, "ettr_native": base, "ratio": ratio,
-                "target_ettr_0_97_met": bool(ours is not None and ours >= 0.97),
-                "target_ratio_5_met": bool(ratio is not None and ratio >= 5),
-                "p3_steps_lost_per_signalled_preemption": p3(watched_records),
-            },
-            "targets": {s.name: {"ettr": s.ettr, "productive_s": s.productive_s, "wall_s": s.wall_s,
-                                 "last_step": _last_step(t), "series_continuous_to_last_step": _continuous(t),
-                                 "time_lost": s.time_lost}
-                        for s, t in zip(summaries, (watched, native))},
-            "faults": [r.to_dict() for r in driver.records],
-            "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        atomic_write_json(Path(args.out), out)
-    print(json.dumps(out["summary"], indent=2))
-    return 0
-
-
-def _continuous(target: Target) -> bool:
-    """The runs never finish in the window: TensorBoard must hold 1..(last step) once each."""
-    from hpc_agent.chaos.report import continuity_check
-    from hpc_agent.metrics.tb_reader import RunScalars
-
-    scalars = RunScalars(target.run_dir / "tb", tags=("train/loss",))
-    scalars.update()
-    steps = [p.step for p in scalars.series("train/loss")]
-    return continuity_check(steps, max(steps, default=0)).ok
-
-
-def _last_step(target: Target) -> int:
     try:
-        return target.progress().last_step
-    except OSError:
-        return 0
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        print(f"--seeds: comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
+    sides = [s for s in args.sides.split(",") if s in SIDES]
+    before = machine()
+    partial = Path(tempfile.gettempdir()) / "bench_ettr.partial.jsonl"
+    partial.unlink(missing_ok=True)
+    trials: List[Dict[str, Any]] = []
+    started = time.time()
+    work = Path(tempfile.mkdtemp(prefix="bench-ettr-"))
+    from scripts.bench.recovery import scheduler
+
+    # timeout(1)/kill send SIGTERM: end through the finally below, which restores the test cluster's setting
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    sched_during = scheduler(args.scheduler)
+    print(f"scheduler during the benchmark: {sched_during}", flush=True)
+    try:
+        for scale in scales:
+            for i, seed in enumerate(seeds):
+                for side in (sides if i % 2 == 0 else list(reversed(sides))):
+                    trials.append(one_run(scale, seed, side, args.window, args.preempt_hold, work, args.keep))
+                    with open(partial, "a") as handle:  # a crash later keeps the runs done so far
+                        handle.write(json.dumps(trials[-1]) + "\n")
+                    if not args.keep:
+                        subprocess.run(["rm", "-rf", str(work / f"{scale}-s{seed}-{side}")], check=False)
+    finally:
+        print(f"scheduler restored: {scheduler('fast')}", flush=True)
+        if not args.keep:
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+    out = {"benchmark": "P2: ETTR under persistent faults, the toolkit (defaults + watcher) vs submitit-style "
+                        "requeue + a resubmit-unchanged loop (max_retries 3), same seeds, one after the other",
+           "rules": "docs/benchmarks.md, 'The rules every benchmark follows'",
+           "window_s": args.window, "preempt_hold_s": args.preempt_hold, "scheduler_parameters": sched_during, "mix": list(MIX),
+           "scales": {s: SCALES[s] for s in scales}, "common_overrides": COMMON, "side_overrides": SIDES,
+           "baseline_max_retries": MAX_RETRIES, "watch_interval_s": WATCH_INTERVAL_S,
+           "summary": summarise(trials), "trials": trials, "bench_wall_s": round(time.time() - started, 1),
+           "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": before,
+           "load_average_after": machine()["load_average"]}
+    atomic_write_json(Path(args.out), out)
+    partial.unlink(missing_ok=True)
+    print(json.dumps(out["summary"], indent=2))
+    if args.keep:
+        print(f"runs kept under {work}")
+    return 0
 
 
 if __name__ == "__main__":

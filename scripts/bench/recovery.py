@@ -50,6 +50,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from scripts.bench.machine import machine  # noqa: E402
+
 SLURMCTLD_LOG = Path("/var/log/slurm/slurmctld.log")
 SLURMD_LOGS = sorted(Path("/var/log/slurm").glob("slurmd-*.log"))
 POLL_S = 0.05
@@ -191,6 +193,17 @@ def summarise(values: List[float]) -> Dict[str, float]:
             "trials": len(values)}
 
 
+def paired_ratios(results: List[Dict[str, object]], mode: str, baseline: str = "native") -> Dict[str, float]:
+    """The headline of docs/benchmarks.md's rules: ``baseline`` over ``mode`` per round (the trials of one round
+    ran back to back), as median and min-max; rounds without both are left out."""
+    by = {(r["mode"], r["trial"]): float(r["latency_s"]) for r in results if not r.get("reused_from")}
+    ratios = [by[(baseline, i)] / by[(mode, i)] for (m, i) in by if m == mode and (baseline, i) in by and by[(mode, i)]]
+    if not ratios:
+        return {}
+    return {"median": round(statistics.median(ratios), 1), "min": round(min(ratios), 1),
+            "max": round(max(ratios), 1), "rounds": len(ratios)}
+
+
 def reused_trials(old: Dict[str, object], mode: str, source: str) -> List[Dict[str, object]]:
     """The trials of one mode from an earlier results file, each marked with where it came from."""
     return [dict(t, reused_from=source) for t in old.get("trials", []) if t.get("mode") == mode
@@ -232,11 +245,13 @@ def _lines_since(path: Path, offset: int) -> List[str]:
         return handle.read().splitlines()
 
 
-SIDE = {"successor": ("resilience.successor_on_preempt=true",), "watcher": ("resilience.successor_on_preempt=false",),
-        "native": ("resilience.successor_on_preempt=false",)}
-"""Config overrides per mode: ``successor`` is the watcher mode with the job's hand-over to a successor job
-(hpc_agent/core/handback.py) on; ``watcher`` and ``native`` keep the plain requeue (the hand-over is the default
-since issue 45)."""
+SIDE = {"default": (), "successor": ("resilience.successor_on_preempt=true",),
+        "watcher": ("resilience.successor_on_preempt=false",), "native": ("resilience.successor_on_preempt=false",)}
+"""Config overrides per mode: ``default`` is a run as a user submits it, nothing overridden and no watcher (the
+hand-over to a successor job, hpc_agent/core/handback.py, is on by default since issue 45 and needs no watcher);
+``successor`` is the hand-over with a watcher at ``--interval``; ``watcher`` and ``native`` keep the plain
+requeue."""
+WATCHED = ("watcher", "successor")
 
 
 def trial(mode: str, index: int, work: Path, interval: float, partition: str, hold_s: int) -> dict:
@@ -250,7 +265,7 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
     wait_for(cluster_idle, 120, interval=0.5, what="an idle cluster before the trial")
     run_dir, job = submit(root, *LONG_RUN, f"run.name={mode}{index}", "slurm.nodes=1", f"slurm.partition={partition}",
                           "train.max_steps=100000", "train.ckpt_every=1000", *SIDE.get(mode, ()))
-    watcher = WatcherProcess(root, interval=interval) if mode in ("watcher", "successor") else None
+    watcher = WatcherProcess(root, interval=interval) if mode in WATCHED else None
     successor = lambda: read_successor(run_dir, job)  # noqa: E731 - successor mode: the job that goes on
     preemptor = None
     try:
@@ -296,6 +311,10 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
                     milestones["job_restarted"] = restarted
         milestones.update(slurmd_milestones([_lines_since(p, o) for p, o in slurmd_offsets.items()], job, since=t0))
         steps = steps_redone(log_text(run_dir, job) + ("\n" + log_text(run_dir, going_on) if going_on != job else ""))
+        # Handed over: the held original must leave the queue by itself (the successor cancels it; issue 45)
+        left_in_queue = None
+        if going_on != job:
+            left_in_queue = not _left_queue(job, 30.0)
     finally:
         if watcher:
             watcher.stop()
@@ -307,9 +326,22 @@ def trial(mode: str, index: int, work: Path, interval: float, partition: str, ho
     for seg in breakdown(milestones):
         print(f"      {seg['seconds']:7.2f} s  {seg['from']} -> {seg['to']}", flush=True)
     return {"mode": mode, "trial": index, "latency_s": round(latency, 2), "job_id": job, "successor_id": going_on
-            if going_on != job else None, "preemptor_id": preemptor,
+            if going_on != job else None, "preemptor_id": preemptor, "predecessor_left_in_queue": left_in_queue,
             "partition": partition, "nodes_before": first_node, "nodes_after": resumed_node, **steps,
             "milestones": {k: round(v, 3) for k, v in milestones.items()}, "breakdown": breakdown(milestones)}
+
+
+def _left_queue(job: str, timeout_s: float) -> bool:
+    """Whether ``job`` is gone from squeue within ``timeout_s`` (polled every 0.5 s)."""
+    deadline = time.time() + timeout_s
+    while True:
+        listed = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True,
+                                timeout=30).stdout.split()
+        if job not in listed:
+            return True
+        if time.time() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 def cluster_idle() -> bool:
@@ -330,7 +362,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5, help="preemptions per mode (default 5)")
     parser.add_argument("--interval", type=float, default=1.0, help="the watcher's --interval (default 1 s)")
-    parser.add_argument("--modes", default="watcher,native", help="comma-separated modes: watcher, successor, native (default watcher,native)")
+    parser.add_argument("--modes", default="default,native",
+                        help="comma-separated modes: default, successor, watcher, native (default: default,native)")
     parser.add_argument("--native-trials", type=int, default=None,
                         help="native trials to run (default: --trials); they go in the first rounds")
     parser.add_argument("--reuse-native", default=None,
@@ -352,6 +385,7 @@ def main() -> int:
         if "native" not in modes:
             modes.append("native")
     results = []
+    machine_before = machine()
     t_start = time.time()
     partial = Path(tempfile.gettempdir()) / "bench_recovery.partial.jsonl"
     partial.unlink(missing_ok=True)
@@ -382,9 +416,11 @@ def main() -> int:
         if summary[mode]["fresh_trials"] and summary[mode]["reused_trials"]:
             summary[mode]["fresh_median_s"] = round(statistics.median(
                 r["latency_s"] for r in fresh if r["mode"] == mode), 2)
-    for mode in ("watcher", "successor"):
+    for mode in ("default", "watcher", "successor"):
         if mode in summary and "native" in summary:
             summary[f"speedup_native_over_{mode}"] = round(summary["native"]["median_s"] / summary[mode]["median_s"], 1)
+            if paired_ratios(fresh, mode):
+                summary[f"paired_speedup_native_over_{mode}"] = paired_ratios(fresh, mode)
     out = {"benchmark": "recovery latency (preemption -> first resumed step)",
            "clock": "starts when the preempting job is submitted, stops when the resumed attempt's first step is logged",
            "scenario": f"1-node run in partition {args.partition} on the 2-node cluster; a high-partition job holds "
@@ -392,10 +428,12 @@ def main() -> int:
            "scheduler_parameters": sched_during, "watcher_interval_s": args.interval, "summary": summary,
            "steps_redone": [r.get("steps_redone") for r in fresh],
            "resumed_on_other_node": [r.get("nodes_after") != r.get("nodes_before") for r in fresh],
+           "predecessor_left_in_queue": [r.get("predecessor_left_in_queue") for r in fresh],
            "median_time_to_milestone_s": {m: segment_medians(results, m) for m in summary if m in modes},
            "median_segments": {m: median_segments(results, m) for m in summary if m in modes},
            "milestones": dict(MILESTONES), "trials": results, "bench_wall_s": wall_s,
-           "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+           "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine_before,
+           "load_average_after": machine()["load_average"]}
     from hpc_agent.core.fsutil import atomic_write_json
 
     atomic_write_json(Path(args.out), out)

@@ -6,8 +6,8 @@ ETTR (scripts/bench/ettr.py, hpc_agent/runs/history.py) counts as productive onl
 (``perf/step_time_s``: forward, backward, optimizer step). Everything the loop does between two steps is lost
 time: the loss mean and the in-job fault check, TensorBoard, the log line, snapshots and checkpoints. This runs
 ``python -m launch.train`` directly (no Slurm), one process on one CPU with the P2 run's model and settings
-(bench_ettr's RUN and its watched side's SIDE, with the chaos trigger on as the chaos driver sets it; no fault is
-written, so none fires), for ``--steps`` steps from scratch, for this checkout and for
+(``--scale``: a P2 scale of scripts/bench/ettr.py, small by default, with the toolkit's in-job repairs and snapshots
+every ``SNAPSHOT_EVERY`` steps, the chaos trigger on as the chaos driver sets it; no fault is written, so none fires), for ``--steps`` steps from scratch, for this checkout and for
 ``--baseline`` (a git worktree), interleaved ``--rounds`` times. Per run, from the TensorBoard series after a
 warm-up of 50 steps: overhead = 1 - (sum of step times) / (wall time from the first to the last step). Also per
 run: start_to_first_step_s, from the process's spawn to the start of its first step (a fresh run: no checkpoint
@@ -29,11 +29,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from scripts.bench.ettr import RUN, SIDE  # noqa: E402
+from scripts.bench.ettr import SCALES  # noqa: E402
 from scripts.bench.worktree import worktree  # noqa: E402
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
+from scripts.bench.machine import machine  # noqa: E402
 
 WARMUP = 50
+SNAPSHOT_EVERY = 25
+SETTINGS = ["resilience.in_job_retries=2", f"resilience.snapshot_every={SNAPSHOT_EVERY}"]
 DEFAULT_BASELINE = "1df3dbe"  # main before the per-step cuts (the TensorBoard event per step, the fault pre-check)
 
 
@@ -76,10 +79,10 @@ _WRITE_CONFIG = ("import sys; from pathlib import Path; from hpc_agent.config.lo
                  "Path(sys.argv[2]).write_text(to_yaml(load_config(Path(sys.argv[1]), sys.argv[3:])))")
 
 
-def run_once(code: Path, work: Path, name: str, steps: int, extra: tuple = ()) -> dict:
+def run_once(code: Path, work: Path, name: str, steps: int, extra: tuple = (), scale: str = "small") -> dict:
     run_dir = work / name
     run_dir.mkdir(parents=True)
-    overrides = [*RUN, *SIDE["watcher"], f"train.max_steps={steps}", "resilience.successor_on_preempt=false",
+    overrides = [*SCALES[scale]["overrides"], *SETTINGS, f"train.max_steps={steps}", "resilience.successor_on_preempt=false",
                  f"run.runs_root={work}", f"run.name={name}", "faults.runtime_trigger=true", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(code)})
@@ -110,6 +113,8 @@ def main() -> int:
     parser.add_argument("--baseline-setting", action="append", default=[], metavar="KEY=VALUE",
                         help="compare with this checkout run with these overrides instead of another revision "
                              "(e.g. resilience.snapshot_every=0: the snapshots' cost); repeatable")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="small",
+                        help="the model and settings of a P2 scale (scripts/bench/ettr.py; default small)")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_step_overhead.json"))
     args = parser.parse_args()
     if args.steps <= WARMUP + 20 or args.rounds < 1:
@@ -121,7 +126,7 @@ def main() -> int:
             runs = {"current": [], "baseline": []}
             for r in range(args.rounds):
                 for variant, code, extra in (("baseline", baseline, tuple(args.baseline_setting)), ("current", REPO, ())):
-                    result = run_once(code, tmp_path / "runs", f"{variant}-{r}", args.steps, extra)
+                    result = run_once(code, tmp_path / "runs", f"{variant}-{r}", args.steps, extra, args.scale)
                     print(f"{variant} round {r}: overhead {result['overhead']:.2%}, "
                           f"{result['between_steps_ms']:.2f} ms between steps of {result['median_step_s']:.3f} s, "
                           f"first step {result['start_to_first_step_s']:.2f} s after the spawn", flush=True)
@@ -134,7 +139,8 @@ def main() -> int:
                         + ("setting" if args.baseline_setting else "revision"),
            "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": args.steps,
            **({"baseline_settings": args.baseline_setting} if args.baseline_setting else {"baseline_rev": args.baseline}),
-           "settings": [*RUN, *SIDE["watcher"]], "one_cpu": True, "runs": runs,
+           "scale": args.scale, "settings": [*SCALES[args.scale]["overrides"], *SETTINGS], "one_cpu": True,
+           "runs": runs, "machine": machine(),
            "summary": {"overhead_current": med["current"], "overhead_baseline": med["baseline"],
                        "between_steps_ms_current": gap["current"], "between_steps_ms_baseline": gap["baseline"],
                        "ratio_baseline_to_current": round(gap["baseline"] / gap["current"], 2) if gap["current"] else None,

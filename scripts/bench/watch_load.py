@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO))
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.slurm.cli import SlurmCLI  # noqa: E402
 from hpc_agent.slurm.sacct import SACCT_FIELDS  # noqa: E402
+from scripts.bench.machine import machine  # noqa: E402
 
 TARGET_CPU_MS = 150.0
 TARGET_AT_RUNS = 10_000
@@ -587,30 +588,6 @@ def main_poison(args: argparse.Namespace) -> int:
                                              "other_runs_followed_every_tick", "notify_command_from_run_dir_ran")},
                      indent=2))
     return 0
-
-
-def machine() -> Dict[str, Any]:
-    """The commit and the machine the figures were taken on, and how busy it was."""
-    import platform
-    import subprocess
-
-    def git(*argv: str) -> str:
-        try:
-            return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    cpu = ""
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "")
-        mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal"))
-    except (OSError, StopIteration, ValueError):
-        mem_kb = 0
-    return {"commit": git("rev-parse", "HEAD"), "worktree_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "cpu": cpu, "cpus": os.cpu_count(), "memory_gb": round(mem_kb / 2**20, 1), "python": platform.python_version(),
-            "kernel": platform.release(), "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def idle_mode(sizes: List[int], ticks: int, profile: bool) -> Dict[str, Any]:

@@ -104,3 +104,14 @@ def test_steps_redone_compares_the_last_step_before_the_resume_with_the_resumed_
     hard_kill = "[hpc_agent] step 90 loss 3\n[hpc_agent] resumed at step 80 (data position 1 samples) from x\n"
     assert bench.steps_redone(hard_kill)["steps_redone"] == 10
     assert bench.steps_redone("[hpc_agent] step 3 loss 1\n")["resumed_step"] is None
+
+
+def test_paired_ratios_take_each_round_as_a_pair():
+    from scripts.bench.recovery import paired_ratios
+
+    trials = [{"mode": "default", "trial": 0, "latency_s": 3.0}, {"mode": "native", "trial": 0, "latency_s": 120.0},
+              {"mode": "default", "trial": 1, "latency_s": 4.0}, {"mode": "native", "trial": 1, "latency_s": 132.0},
+              {"mode": "default", "trial": 2, "latency_s": 2.0},  # no native in this round: left out
+              {"mode": "native", "trial": 3, "latency_s": 99.0, "reused_from": "old.json"}]
+    assert paired_ratios(trials, "default") == {"median": 36.5, "min": 33.0, "max": 40.0, "rounds": 2}
+    assert paired_ratios(trials, "watcher") == {}

@@ -371,3 +371,56 @@ def test_review_goodput_cpu_only_counts_one_device_and_says_so(goodput_run, caps
     assert run["account"]["allocated_s"] == pytest.approx(400)  # 1 device per attempt
     assert run["account"]["device_s"]["hang"] == pytest.approx(163)
     assert "CPU-only" in run["devices_note"] and "CPU-only: each attempt counts as 1 device" in out.err
+
+
+# --- lost time charged to the injected faults (the benchmarks' split by cause) ----------------------------------
+def test_lost_by_cause_charges_each_gap_to_the_fault_behind_it():
+    from hpc_agent.runs.goodput import lost_by_cause, time_lost
+
+    # 1 s steps from 10 s; a preemption injected at 30.5 s (back at 40 s), a save gap after step 40 (2 s), a hang
+    # injected at 70 s (the last step ends at 69 s; nothing more until the window ends at 100 s)
+    points = [(i, 10.0 + i, 1.0) for i in range(1, 20)]                 # steps 1-19 end at 11-29 s
+    points += [(i, 20.0 + i, 1.0) for i in range(20, 41)]               # a 10 s gap before step 20
+    points += [(i, 22.0 + i, 1.0) for i in range(41, 48)]               # a 2 s gap after step 40
+    lost = time_lost(0.0, 100.0, points)
+    charged = lost_by_cause(lost, [("preempt", 30.5), ("hang", 70.0)], window_s=100.0, ckpt_every=20)
+    assert charged["start_up"] == pytest.approx(10.0)
+    assert charged["preempt"] == pytest.approx(10.0)
+    assert charged["checkpoint_save"] == pytest.approx(2.0)  # the preemption was charged to the gap it caused
+    assert charged["hang"] == pytest.approx(100.0 - 69.0)
+    assert sum(charged.values()) == pytest.approx(lost["lost_s"])
+
+
+@pytest.mark.parametrize("faults,ckpt_every,expect", [
+    ([], 0, "other"),                        # nothing explains it
+    ([], 5, "checkpoint_save"),              # after step 5, a multiple of ckpt_every
+    ([("nan", 8.0)], 5, "nan"),              # a fault injected just before wins over the save
+    ([("nan", 3.0), ("gpu_oom", 4.0)], 0, "gpu_oom"),  # two before it: the newest
+    ([("nan", 8.0), ("gpu_oom", 9.0)], 0, "gpu_oom"),  # the newest one before it ended
+    ([("nan", 30.0)], 0, "other"),           # injected after the gap ended: not its cause
+    ([("nan", 8.0 - 61.0)], 0, "nan"),       # long before it, but a real fault recurs until its cause is gone
+    ([("nan", 8.0 - 61.0)], 5, "checkpoint_save"),  # ... unless the gap is the periodic save's
+])
+def test_lost_by_cause_table(faults, ckpt_every, expect):
+    from hpc_agent.runs.goodput import lost_by_cause
+
+    lost = {"before_first_step_s": 0.0, "between_steps_s": 0.5, "after_last_step_s": 0.2,
+            "gaps": [{"before_step": 6, "at_s": 10.0, "s": 5.0}], "lost_s": 5.7}
+    charged = lost_by_cause(lost, faults, window_s=40.0, ckpt_every=ckpt_every)
+    assert charged == {expect: 5.0, "between_steps": 0.7}
+
+
+def test_lost_by_cause_splits_a_stretch_among_the_faults_in_it():
+    from hpc_agent.runs.goodput import lost_by_cause
+
+    # no kept step before 200 s: started (first step at 10 s), a host OOM at 40 s threw the first attempt's work
+    # away (no checkpoint), a NaN at 120 s rolled back to step 0 again; kept steps from 200 s on
+    lost = {"before_first_step_s": 200.0, "between_steps_s": 1.0, "after_last_step_s": 0.5, "gaps": [],
+            "lost_s": 201.5}
+    charged = lost_by_cause(lost, [("host_oom", 40.0), ("nan", 120.0)], window_s=300.0, startup_s=10.0)
+    assert charged == {"start_up": 10.0, "host_oom": 110.0, "nan": 80.0, "between_steps": 1.5}
+    # a gap with two faults: each from its injection to the next one's
+    gap = {"before_first_step_s": 0.0, "between_steps_s": 0.0, "after_last_step_s": 0.0,
+           "gaps": [{"before_step": 9, "at_s": 50.0, "s": 40.0}], "lost_s": 40.0}
+    assert lost_by_cause(gap, [("preempt", 48.0), ("gpu_oom", 70.0)], window_s=100.0) == {"preempt": 20.0,
+                                                                                         "gpu_oom": 20.0}

@@ -1,0 +1,44 @@
+"""P2's harness (scripts/bench/ettr.py): the baseline's resubmit loop, the seeded schedule both sides share, and
+the summary's spread and ratio."""
+from __future__ import annotations
+
+import pytest
+
+from scripts.bench import ettr
+
+
+@pytest.mark.parametrize("queued,state,retries,expect", [
+    (True, "", 0, "wait"),                 # in the queue (running, pending, requeued after a preemption)
+    (False, "PENDING", 0, "wait"),          # sacct lags squeue
+    (False, "UNKNOWN", 0, "wait"),
+    (False, "COMPLETED", 0, "done"),
+    (False, "FAILED", 0, "resubmit"),       # an OOM, a NaN, a bad node: unchanged, from the newest checkpoint
+    (False, "OUT_OF_MEMORY", 2, "resubmit"),
+    (False, "NODE_FAIL", 3, "give_up"),      # max_retries 3 used
+    (False, "CANCELLED", 3, "give_up"),
+])
+def test_the_loop_users_write(queued, state, retries, expect):
+    assert ettr.loop_action(queued, state, retries, 3) == expect
+
+
+def test_every_seed_draws_each_fault_once_and_both_sides_get_the_same():
+    for seed in (1, 2, 3):
+        faults = ettr.schedule(seed, 600.0)
+        assert sorted(f.kind for f in faults) == sorted(ettr.MIX)
+        assert faults == ettr.schedule(seed, 600.0)
+        assert all(30 <= f.at_s <= 600 - 60 for f in faults)
+    assert [f.kind for f in ettr.schedule(1, 600.0)] != [f.kind for f in ettr.schedule(2, 600.0)]
+
+
+def test_summary_reports_median_min_max_and_the_ratio_per_seed():
+    trials = []
+    for seed, (ours, base) in {1: (0.8, 0.2), 2: (0.6, 0.3), 3: (0.9, 0.1)}.items():
+        trials.append({"scale": "small", "seed": seed, "side": "toolkit", "ettr": ours, "stopped_early": "",
+                       "lost_by_cause_s": {"hang": 100.0}})
+        trials.append({"scale": "small", "seed": seed, "side": "baseline", "ettr": base, "stopped_early": "gave up",
+                       "lost_by_cause_s": {"gpu_oom": 300.0} if seed != 2 else {}})
+    out = ettr.summarise(trials)["small"]
+    assert out["toolkit"]["ettr"] == {"median": 0.8, "min": 0.6, "max": 0.9, "n": 3}
+    assert out["ratio_toolkit_over_baseline"] == {"median": 4.0, "min": 2.0, "max": 9.0, "n": 3}
+    assert out["baseline"]["lost_by_cause_s_median"] == {"gpu_oom": 300.0}  # a seed without it counts 0
+    assert out["baseline"]["ended_early"] == 3 and out["toolkit"]["ended_early"] == 0
