@@ -58,6 +58,7 @@ from hpc_agent.core.fsutil import atomic_write_json
 KINDS = ("nan", "gpu_oom", "host_oom", "kill_during_save", "hang", "node_fail")
 PERSISTENT_KINDS = ("nan", "gpu_oom", "host_oom", "hang", "node_fail")
 CONDITIONS_DIR = "conditions"
+RECURRED_FILE = "recurred.jsonl"
 MAX_CONDITIONS = 64  # conditions read per attempt (the run's own chaos folder; a chaos run records a handful)
 XID_LINE = ("NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus. "
             "(injected: node {node} is bad)")
@@ -234,6 +235,7 @@ class RuntimeTrigger:
         first, self._first_step = self._first_step, False
         for cond in self.conditions:
             if recurs(cond, step, micro_batch, lr, self._node, self._mem_mb, first):
+                self._recurred(cond, step)
                 self._fire(str(cond["kind"]), f"{cond.get('nonce', '')} again", step, cond.get("mb", 0))
         now = self.clock()
         if now < self._next_look:
@@ -254,6 +256,22 @@ class RuntimeTrigger:
             return
         self._mark_fired(nonce, step, kind)
         self._fire(kind, nonce, step, int(spec.get("mb", 0)))
+
+    def _recurred(self, cond: Dict[str, Any], step: int) -> None:
+        """Rank 0 appends one line per recurrence to ``chaos/recurred.jsonl`` (kind, nonce, step, node, time): the
+        benchmarks charge the time it costs to its cause (``hpc_agent.runs.goodput.lost_by_cause``)."""
+        if self.rank != 0:
+            return
+        line = json.dumps({"kind": cond.get("kind"), "nonce": cond.get("nonce"), "step": step, "node": self._node,
+                           "time": time.time()}) + "\n"
+        try:
+            fd = os.open(self.dir / RECURRED_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # a record for the benchmark's accounting, never a reason to stop the fault
 
     def _fire(self, kind: str, nonce: str, step: int, mb: int) -> None:
         if kind == "nan":

@@ -246,8 +246,9 @@ def one_run(scale: str, seed: int, side: str, window: float, hold_s: int, work: 
         cancel_run(slurm, run_dir)
     start = driver.started + window - summary.wall_s  # the run's creation (the ledger's)
     injected = [(r.kind, r.injected_at_s + (driver.t0 - start)) for r in driver.records if r.injected_at_s is not None]
+    recurred = recurrences(run_dir, start)  # a persistent fault met again: charged to its own kind
     cfg = target.config()
-    by_cause = lost_by_cause(summary.time_lost or {}, injected, window_s=summary.wall_s,
+    by_cause = lost_by_cause(summary.time_lost or {}, injected + recurred, window_s=summary.wall_s,
                              ckpt_every=cfg.train.ckpt_every, startup_s=driver.t0 - start)
     steps = [s for s in (summary.time_lost or {}).get("gaps", [])]
     out = {"scale": scale, "seed": seed, "side": side, "ettr": summary.ettr, "productive_s": summary.productive_s,
@@ -257,9 +258,29 @@ def one_run(scale: str, seed: int, side: str, window: float, hold_s: int, work: 
            "faults": [r.to_dict() for r in driver.records], "jobs": target.job_ids(),
            "resubmissions": loop.retries if loop else None, "ends_seen_by_loop": loop.ends if loop else None,
            "last_step": target.progress().last_step, "waited_for_idle_cluster_s": waited,
-           "largest_gaps": steps[:8], "run_dir": str(run_dir) if keep else None}
+           "largest_gaps": steps[:8], "time_lost": summary.time_lost, "started_at": start,
+           "first_step_seen_s": round(driver.t0 - start, 2), "recurrences": recurred,
+           "run_dir": str(run_dir) if keep else None}
     say(f"ETTR {summary.ettr} ({summary.productive_s:.0f} s of {summary.wall_s:.0f} s); lost by cause: "
         + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])))
+    return out
+
+
+def recurrences(run_dir: Path, start: float, limit: int = 1 << 20) -> List[tuple]:
+    """``(kind, seconds from start)`` of every recurrence of a persistent fault, from the job's
+    ``chaos/recurred.jsonl`` (launch/chaos_trigger.py; the first ``limit`` bytes; malformed lines skipped)."""
+    try:
+        with open(Path(run_dir) / "chaos" / "recurred.jsonl", "rb") as handle:
+            text = handle.read(limit).decode(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+            out.append((str(item["kind"]), round(float(item["time"]) - start, 3)))
+        except (ValueError, KeyError, TypeError):
+            continue
     return out
 
 

@@ -92,6 +92,8 @@ def test_a_persistent_gpu_oom_recurs_in_later_attempts_at_the_same_micro_batch(t
     again.before_step(9, micro_batch=8, lr=1e-3)
     with pytest.raises(torch.OutOfMemoryError):
         again.loss(1.0)
+    [line] = (tmp_path / "chaos" / "recurred.jsonl").read_text().splitlines()  # one per recurrence, for the bench
+    assert json.loads(line)["kind"] == "gpu_oom" and json.loads(line)["step"] == 9
     repaired = _attempt(tmp_path)  # the ladder's next rung
     repaired.before_step(9, micro_batch=4, lr=1e-3)
     assert repaired.loss(1.0) == 1.0

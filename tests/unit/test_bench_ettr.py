@@ -42,3 +42,13 @@ def test_summary_reports_median_min_max_and_the_ratio_per_seed():
     assert out["ratio_toolkit_over_baseline"] == {"median": 4.0, "min": 2.0, "max": 9.0, "n": 3}
     assert out["baseline"]["lost_by_cause_s_median"] == {"gpu_oom": 300.0}  # a seed without it counts 0
     assert out["baseline"]["ended_early"] == 3 and out["toolkit"]["ended_early"] == 0
+
+
+def test_recurrences_are_read_from_the_jobs_record(tmp_path):
+    (tmp_path / "chaos").mkdir()
+    (tmp_path / "chaos" / "recurred.jsonl").write_text(
+        '{"kind": "hang", "nonce": "n", "step": 7, "node": "node1", "time": 1010.5}\n'
+        'not json\n{"kind": "gpu_oom", "time": "x"}\n'
+        '{"kind": "gpu_oom", "nonce": "m", "step": 3, "node": "node2", "time": 1100}\n')
+    assert ettr.recurrences(tmp_path, 1000.0) == [("hang", 10.5), ("gpu_oom", 100.0)]
+    assert ettr.recurrences(tmp_path / "nothing", 0.0) == []
