@@ -321,6 +321,91 @@ def summarise(trials: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def markdown(out: Dict[str, Any]) -> str:
+    """The tables docs/benchmarks.md shows, from a results file: ETTR and the ratio per scale, then the lost
+    seconds by cause (median over the seeds) and, per fault kind, what it cost each side."""
+    lines = ["| scale | toolkit ETTR | baseline ETTR | ratio (per seed) | seeds |", "| --- | --- | --- | --- | --- |"]
+
+    def fmt(d: Dict[str, Any], digits: int = 3) -> str:
+        if not d.get("n"):
+            return "-"
+        return f"{d['median']:.{digits}f} ({d['min']:.{digits}f}-{d['max']:.{digits}f})"
+
+    for scale, entry in out["summary"].items():
+        lines.append(f"| {scale} | {fmt(entry['toolkit']['ettr'])} | {fmt(entry['baseline']['ettr'])} | "
+                     f"{fmt(entry['ratio_toolkit_over_baseline'], 1)}x | {', '.join(map(str, entry['seeds']))} |")
+    causes = sorted({c for e in out["summary"].values() for side in SIDES for c in e[side]["lost_by_cause_s_median"]})
+    lines += ["", "| scale | side | " + " | ".join(causes) + " |", "| --- | --- |" + " --- |" * len(causes)]
+    for scale, entry in out["summary"].items():
+        for side in SIDES:
+            row = entry[side]["lost_by_cause_s_median"]
+            lines.append(f"| {scale} | {side} | " + " | ".join(f"{row.get(c, 0.0):.0f}" for c in causes) + " |")
+    lines += ["", "| scale | seed | side | ETTR | faults met (recovered in s) | ended early |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for t in out["trials"]:
+        met = ", ".join(f"{f['kind']} {f['recovery_s']:.0f}" if f.get("recovered") else
+                        f"{f['kind']} {'-' if f.get('injected_at_s') is None else 'not recovered'}"
+                        for f in t["faults"])
+        lines.append(f"| {t['scale']} | {t['seed']} | {t['side']} | {t['ettr']} | {met} | "
+                     f"{t['stopped_early'] or '-'} |")
+    return "\n".join(lines)
+
+
+def first_steps(log: str, submit_s: float = 0.7) -> Dict[str, float]:
+    """Seconds from each trial's start to its first step, from the benchmark's printed log ("[chaos Ns] training
+    started", whole seconds from the driver's start, which comes ``submit_s`` after the run's creation)."""
+    import re
+
+    found: Dict[str, float] = {}
+    for line in log.splitlines():
+        m = re.match(r"\[(\w+) seed (\d+) (\w+)\] \[chaos\s+(\d+)s\] training started", line)
+        if m:
+            found[f"{m[1]}-s{m[2]}-{m[3]}"] = float(m[4]) + submit_s
+    return found
+
+
+def reaccount(out: Dict[str, Any], kept: Path, started: Dict[str, float], say: Callable[[str], None] = print) -> int:
+    """Charge the lost time of trials measured before the job recorded its faults' recurrences again, from copies of
+    their run directories under ``kept`` (``<scale>-s<seed>-<side>/<run id>/``: TensorBoard and
+    ``chaos/recurred.jsonl``). The run's start is read from its run id (whole seconds), the first step's time from
+    ``started`` (seconds from the start, by trial key); a trial whose productive time from the copy differs from the
+    recorded one by more than 1 s is left as it was. Returns how many trials were charged again."""
+    import datetime as dt
+
+    from hpc_agent.metrics.tb_reader import RunScalars
+    from hpc_agent.runs.goodput import time_lost
+    from hpc_agent.runs.history import STEP_TIME
+
+    done = 0
+    for t in out["trials"]:
+        key = f"{t['scale']}-s{t['seed']}-{t['side']}"
+        dirs = [d for d in (kept / key).glob("*") if d.is_dir()]
+        if "time_lost" in t or len(dirs) != 1 or key not in started:
+            continue
+        run_dir = dirs[0]
+        stamp = dt.datetime.strptime(run_dir.name[-15:], "%Y%m%d-%H%M%S").replace(tzinfo=dt.timezone.utc)
+        start = stamp.timestamp()
+        scalars = RunScalars(run_dir / "tb", tags=(STEP_TIME,))
+        scalars.update()
+        points = [(p.step, p.wall_time, p.value) for p in scalars.series(STEP_TIME)]
+        lost = time_lost(start, start + t["window_s"], points)
+        if abs(lost["productive_s"] - t["productive_s"]) > 1.0:
+            say(f"{key}: productive {lost['productive_s']} s from the copy, {t['productive_s']} s recorded: left as is")
+            continue
+        t0 = started[key]
+        injected = [(f["kind"], f["injected_at_s"] + t0) for f in t["faults"] if f.get("injected_at_s") is not None]
+        recurred = recurrences(run_dir, start)
+        ckpt = next((int(o.split("=")[1]) for o in SCALES[t["scale"]]["overrides"] if o.startswith("train.ckpt_every=")), 0)
+        t["lost_by_cause_s_at_run_time"] = t["lost_by_cause_s"]
+        t["lost_by_cause_s"] = lost_by_cause(lost, injected + recurred, window_s=t["window_s"], ckpt_every=ckpt,
+                                             startup_s=t0)
+        t.update(time_lost=lost, recurrences=recurred, reaccounted=f"from a copy of the run dir; start from the run id "
+                 f"(whole seconds), first step at {t0} s (the driver's log)")
+        done += 1
+    out["summary"] = summarise(out["trials"])
+    return done
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scales", default="small,large", help="comma-separated: small, large (default both)")
@@ -333,7 +418,34 @@ def main() -> int:
                              "cluster's fast setting; the fast setting is restored at the end either way")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_ettr.json"))
     parser.add_argument("--keep", action="store_true", help="keep the runs' directories (printed at the end)")
+    parser.add_argument("--markdown", metavar="RESULTS", help="print the tables of a results file and exit")
+    parser.add_argument("--reaccount", metavar="RESULTS", help="charge the lost time of a results file's trials again "
+                        "(those measured before recurrences were recorded) from copies of their run dirs (--kept) "
+                        "and the benchmark's printed log (--run-log), then rewrite it")
+    parser.add_argument("--kept", metavar="DIR", help="with --reaccount: <scale>-s<seed>-<side>/<run id>/ copies")
+    parser.add_argument("--run-log", metavar="LOG", help="with --reaccount: what the benchmark printed")
     args = parser.parse_args()
+    if args.reaccount:
+        if not (args.kept and args.run_log):
+            print("--reaccount needs --kept DIR and --run-log LOG", file=sys.stderr)
+            return 2
+        try:
+            out = json.loads(Path(args.reaccount).read_text())
+            started = first_steps(Path(args.run_log).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"--reaccount: {exc}", file=sys.stderr)
+            return 2
+        print(f"charged again: {reaccount(out, Path(args.kept), started)} trials")
+        atomic_write_json(Path(args.reaccount), out)
+        print(markdown(out))
+        return 0
+    if args.markdown:
+        try:
+            print(markdown(json.loads(Path(args.markdown).read_text())))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"--markdown {args.markdown}: not a results file of this benchmark ({exc})", file=sys.stderr)
+            return 2
+        return 0
     scales = [s for s in args.scales.split(",") if s]
     bad = [s for s in scales if s not in SCALES]
     if bad:
@@ -382,6 +494,7 @@ def main() -> int:
     atomic_write_json(Path(args.out), out)
     partial.unlink(missing_ok=True)
     print(json.dumps(out["summary"], indent=2))
+    print(markdown(out))
     if args.keep:
         print(f"runs kept under {work}")
     return 0

@@ -52,3 +52,9 @@ def test_recurrences_are_read_from_the_jobs_record(tmp_path):
         '{"kind": "gpu_oom", "nonce": "m", "step": 3, "node": "node2", "time": 1100}\n')
     assert ettr.recurrences(tmp_path, 1000.0) == [("hang", 10.5), ("gpu_oom", 100.0)]
     assert ettr.recurrences(tmp_path / "nothing", 0.0) == []
+
+
+def test_first_steps_are_read_from_the_printed_log():
+    log = ("[small seed 1 toolkit] [chaos      4s] training started; schedule: host_oom@40s\n"
+           "[large seed 3 baseline] [chaos     12s] training started; schedule: nan@40s\nnoise\n")
+    assert ettr.first_steps(log) == {"small-s1-toolkit": 4.7, "large-s3-baseline": 12.7}
