@@ -167,6 +167,14 @@ def resubmit_unchanged(root: Path, run_dir: Path) -> str:
     return str(job.job_id)
 
 
+def looks_hung(states: List[str], moved_at: float, running_since: Optional[float], now: float,
+               training: bool) -> bool:
+    """A baseline job hung with nothing watching it (pure): the run's one job RUNNING, for ``HUNG_AFTER_S`` since
+    both its last progress and the moment it began to run (a requeued job that has just started is not hung)."""
+    return (states == ["RUNNING"] and training and running_since is not None
+            and now - max(moved_at, running_since) > HUNG_AFTER_S)
+
+
 # --- one run ---------------------------------------------------------------------------------------------------------
 def queued_jobs(slurm: SlurmCLI, run_dir: Path) -> List[str]:
     """"STATE" of every job of the run in the queue, found by the run's job name (successors included)."""
@@ -214,7 +222,7 @@ def one_run(scale: str, seed: int, side: str, window: float, hold_s: int, work: 
     if side == "toolkit":
         target.watcher = inject.Watcher(root, interval=WATCH_INTERVAL_S)
         target.watcher.start()
-    seen: Dict[str, Any] = {"step": None, "moved": time.time(), "queued": time.time()}
+    seen: Dict[str, Any] = {"step": None, "moved": time.time(), "queued": time.time(), "running_since": None}
 
     def stop_when() -> Optional[str]:
         now = time.time()
@@ -225,12 +233,15 @@ def one_run(scale: str, seed: int, side: str, window: float, hold_s: int, work: 
         states = queued_jobs(slurm, run_dir)
         if states:
             seen["queued"] = now
+        if states != ["RUNNING"]:
+            seen["running_since"] = None
+        elif seen.get("running_since") is None:  # the job (a requeued one too) only now began to run
+            seen["running_since"] = now
         if loop is not None and loop.gave_up:
             return f"the resubmit loop gave up: {loop.gave_up}"
         if now - seen["queued"] > GONE_AFTER_S:
             return f"no job of the run in the queue for {GONE_AFTER_S:.0f} s"
-        if (loop is not None and states == ["RUNNING"] and now - seen["moved"] > HUNG_AFTER_S
-                and progress.training):
+        if loop is not None and looks_hung(states, seen["moved"], seen["running_since"], now, progress.training):
             return (f"hung: no step for {HUNG_AFTER_S:.0f} s while RUNNING; with nothing watching it, the job holds "
                     "its node until its time limit (2 h)")
         return None
@@ -351,6 +362,22 @@ def markdown(out: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def replace_trials(out: Dict[str, Any], rerun: Dict[str, Any], why: str) -> int:
+    """``rerun``'s trials in place of ``out``'s of the same (scale, seed, side); the replaced ones are kept under
+    ``replaced_trials`` with ``why``, and the rerun's commit and machine under ``reruns``. Returns how many."""
+    key = lambda t: (t["scale"], t["seed"], t["side"])  # noqa: E731
+    fresh = {key(t): t for t in rerun["trials"]}
+    kept, replaced = [], []
+    for t in out["trials"]:
+        (replaced if key(t) in fresh else kept).append(t)
+    out["trials"] = kept + list(fresh.values())
+    out.setdefault("replaced_trials", []).extend(dict(t, replaced_because=why) for t in replaced)
+    out.setdefault("reruns", []).append({"trials": [list(k) for k in fresh], "why": why, "when": rerun.get("when"),
+                                         "machine": rerun.get("machine")})
+    out["summary"] = summarise(out["trials"])
+    return len(replaced)
+
+
 def first_steps(log: str, submit_s: float = 0.7) -> Dict[str, float]:
     """Seconds from each trial's start to its first step, from the benchmark's printed log ("[chaos Ns] training
     started", whole seconds from the driver's start, which comes ``submit_s`` after the run's creation)."""
@@ -423,6 +450,10 @@ def main() -> int:
                         "(those measured before recurrences were recorded) from copies of their run dirs (--kept) "
                         "and the benchmark's printed log (--run-log), then rewrite it")
     parser.add_argument("--kept", metavar="DIR", help="with --reaccount: <scale>-s<seed>-<side>/<run id>/ copies")
+    parser.add_argument("--replace-from", metavar="RERUN", help="with --reaccount: take the trials of RERUN (a results "
+                        "file of this benchmark) in place of the same (scale, seed, side) ones; those are kept under "
+                        "replaced_trials with --why")
+    parser.add_argument("--why", default="", help="with --replace-from: why the trials were measured again")
     parser.add_argument("--run-log", metavar="LOG", help="with --reaccount: what the benchmark printed")
     args = parser.parse_args()
     if args.reaccount:
@@ -436,6 +467,9 @@ def main() -> int:
             print(f"--reaccount: {exc}", file=sys.stderr)
             return 2
         print(f"charged again: {reaccount(out, Path(args.kept), started)} trials")
+        if args.replace_from:
+            rerun = json.loads(Path(args.replace_from).read_text())
+            print(f"replaced: {replace_trials(out, rerun, args.why)} trials")
         atomic_write_json(Path(args.reaccount), out)
         print(markdown(out))
         return 0

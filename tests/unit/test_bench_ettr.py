@@ -58,3 +58,26 @@ def test_first_steps_are_read_from_the_printed_log():
     log = ("[small seed 1 toolkit] [chaos      4s] training started; schedule: host_oom@40s\n"
            "[large seed 3 baseline] [chaos     12s] training started; schedule: nan@40s\nnoise\n")
     assert ettr.first_steps(log) == {"small-s1-toolkit": 4.7, "large-s3-baseline": 12.7}
+
+
+@pytest.mark.parametrize("states,moved,since,now,hung", [
+    (["RUNNING"], 0.0, 10.0, 95.0, False),     # running 85 s without a step: not yet
+    (["RUNNING"], 0.0, 1.0, 95.0, True),       # 94 s RUNNING, no step
+    (["RUNNING"], 0.0, 170.0, 183.0, False),   # a requeued job that has just started: its start-up is not a hang
+    (["RUNNING"], 100.0, 1.0, 150.0, False),   # a step 50 s ago
+    (["PENDING"], 0.0, None, 500.0, False),    # waiting out the requeue's begin time
+    ([], 0.0, None, 500.0, False),
+])
+def test_a_baseline_job_is_hung_only_after_running_without_a_step(states, moved, since, now, hung):
+    assert ettr.looks_hung(states, moved, since, now, training=True) is hung
+
+
+def test_rerun_trials_replace_those_of_the_same_scale_seed_and_side():
+    out = {"trials": [{"scale": "small", "seed": s, "side": side, "ettr": 0.5, "stopped_early": "",
+                       "lost_by_cause_s": {}} for s in (1, 2, 3) for side in ("toolkit", "baseline")]}
+    rerun = {"trials": [{"scale": "small", "seed": 3, "side": "baseline", "ettr": 0.1, "stopped_early": "",
+                         "lost_by_cause_s": {}}], "when": "now", "machine": {"commit": "abc"}}
+    assert ettr.replace_trials(out, rerun, "harness bug") == 1
+    assert len(out["trials"]) == 6 and out["replaced_trials"][0]["replaced_because"] == "harness bug"
+    assert [t["ettr"] for t in out["trials"] if (t["seed"], t["side"]) == (3, "baseline")] == [0.1]
+    assert out["summary"]["small"]["baseline"]["ettr"]["min"] == 0.1
