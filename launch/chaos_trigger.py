@@ -233,29 +233,40 @@ class RuntimeTrigger:
         if not self.enabled:
             return
         first, self._first_step = self._first_step, False
+        fresh = self._look(step, micro_batch, lr)
         for cond in self.conditions:
-            if recurs(cond, step, micro_batch, lr, self._node, self._mem_mb, first):
-                self._recurred(cond, step)
-                self._fire(str(cond["kind"]), f"{cond.get('nonce', '')} again", step, cond.get("mb", 0))
+            # A persistent fault fires here, from this one line, the first time and every time it recurs: a hang
+            # that recurs then has the same stack, as a real one would (the watcher's "same hang twice" rule).
+            if cond is fresh or recurs(cond, step, micro_batch, lr, self._node, self._mem_mb, first):
+                if cond is not fresh:
+                    self._recurred(cond, step)
+                nonce = str(cond.get("nonce", ""))
+                self._fire(str(cond["kind"]), nonce if cond is fresh else f"{nonce} again", step, cond.get("mb", 0))
+
+    def _look(self, step: int, micro_batch: int, lr: float) -> Optional[Dict[str, Any]]:
+        """The trigger file, at most every ``poll_s``: a one-shot fault fires (or is armed) here; a persistent one is
+        recorded (``chaos/conditions/``) and returned, to fire with the others."""
         now = self.clock()
         if now < self._next_look:
-            return
+            return None
         self._next_look = now + self.poll_s
         spec = self._read()
         if spec is None:
-            return
+            return None
         kind, nonce = spec["kind"], str(spec.get("nonce", ""))
+        if kind == "kill_during_save":  # fires (and is marked) when the next save reaches the hook
+            self._stall_s, self._stall_nonce = float(spec.get("stall_s", 600)), nonce
+            self._say(f"armed: the next checkpoint save stalls before {'COMPLETE.json'} (nonce {nonce})")
+            return None
+        self._mark_fired(nonce, step, kind)
         if spec.get("persistent") and kind in PERSISTENT_KINDS:
             cond = condition_for(kind, nonce, step, micro_batch, lr, self._node, self._mem_mb, int(spec.get("mb", 0)))
             self.conditions.append(cond)
             if self.rank == 0:
                 atomic_write_json(self.dir / CONDITIONS_DIR / f"{_safe_name(nonce)}.json", cond)
-        if kind == "kill_during_save":  # fires (and is marked) when the next save reaches the hook
-            self._stall_s, self._stall_nonce = float(spec.get("stall_s", 600)), nonce
-            self._say(f"armed: the next checkpoint save stalls before {'COMPLETE.json'} (nonce {nonce})")
-            return
-        self._mark_fired(nonce, step, kind)
+            return cond
         self._fire(kind, nonce, step, int(spec.get("mb", 0)))
+        return None
 
     def _recurred(self, cond: Dict[str, Any], step: int) -> None:
         """Rank 0 appends one line per recurrence to ``chaos/recurred.jsonl`` (kind, nonce, step, node, time): the

@@ -190,3 +190,22 @@ def test_conditions_are_read_as_untrusted(tmp_path, on_node):
     assert [c.get("micro_batch_at_least") for c in trig.conditions] == ["x", 8]
     trig.before_step(1, micro_batch=4, lr=1e-3)  # the malformed one never fires
     assert trig.loss(1.0) == 1.0
+
+
+def test_a_recurring_hang_stops_in_the_same_frames_as_the_first(tmp_path, on_node, monkeypatch):
+    """The watcher stops a run that hangs twice at the same step in the same stack (a bug, not the cluster): a
+    persistent hang must recur from the same frames, as a real one would."""
+    import traceback
+
+    stacks = []
+
+    def no_sleep(seconds):
+        stacks.append([(f.name, f.lineno) for f in traceback.extract_stack()[-4:-1]])
+        raise _Stop()
+
+    monkeypatch.setattr(ct.time, "sleep", no_sleep)
+    _inject(tmp_path, "hang", "g2")
+    for _ in range(2):  # the first firing, then the recurrence in a new attempt: called from one line here
+        with pytest.raises(_Stop):
+            _attempt(tmp_path).before_step(70, micro_batch=8, lr=1e-3)
+    assert len(stacks) == 2 and stacks[0] == stacks[1], stacks
