@@ -351,13 +351,17 @@ def markdown(out: Dict[str, Any]) -> str:
         for side in SIDES:
             row = entry[side]["lost_by_cause_s_median"]
             lines.append(f"| {scale} | {side} | " + " | ".join(f"{row.get(c, 0.0):.0f}" for c in causes) + " |")
-    lines += ["", "| scale | seed | side | ETTR | faults met (recovered in s) | ended early |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| scale | seed | side | ETTR | faults met (recovered in s) | recurrences recorded | ended early |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for t in out["trials"]:
         met = ", ".join(f"{f['kind']} {f['recovery_s']:.0f}" if f.get("recovered") else
                         f"{f['kind']} {'-' if f.get('injected_at_s') is None else 'not recovered'}"
                         for f in t["faults"])
-        lines.append(f"| {t['scale']} | {t['seed']} | {t['side']} | {t['ettr']} | {met} | "
+        again: Dict[str, int] = {}
+        for kind, _ in t.get("recurrences") or ():
+            again[kind] = again.get(kind, 0) + 1
+        seen = ", ".join(f"{k} x{n}" for k, n in sorted(again.items())) if "recurrences" in t else "not recorded"
+        lines.append(f"| {t['scale']} | {t['seed']} | {t['side']} | {t['ettr']} | {met} | {seen or '-'} | "
                      f"{t['stopped_early'] or '-'} |")
     return "\n".join(lines)
 
