@@ -194,15 +194,11 @@ def cancel_run(slurm: SlurmCLI, run_dir: Path) -> None:
         slurm.run(["scancel", "--me", "--name", name], check=False)
 
 
-def cluster_idle(slurm: SlurmCLI) -> bool:
-    queue = slurm.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
-    nodes = slurm.run(["sinfo", "-h", "-N", "-p", "low", "-o", "%T"], check=False).stdout.split()
-    return not queue and bool(nodes) and all(state == "idle" for state in nodes)
+def wait_idle(timeout_s: float = 180.0) -> float:
+    from scripts.bench.recovery import cluster_idle  # P1's: no job queued, every node idle
 
-
-def wait_idle(slurm: SlurmCLI, timeout_s: float = 180.0) -> float:
     start = time.time()
-    while not cluster_idle(slurm):
+    while not cluster_idle():
         if time.time() - start > timeout_s:
             raise RuntimeError(f"the cluster is not idle after {timeout_s:.0f} s: squeue shows other jobs")
         time.sleep(1.0)
@@ -211,7 +207,7 @@ def wait_idle(slurm: SlurmCLI, timeout_s: float = 180.0) -> float:
 
 def one_run(scale: str, seed: int, side: str, window: float, hold_s: int, work: Path, keep: bool) -> Dict[str, Any]:
     slurm = SlurmCLI(timeout_s=60)
-    waited = wait_idle(slurm)
+    waited = wait_idle()
     faults = schedule(seed, window)
     root = work / f"{scale}-s{seed}-{side}"
     say = lambda text: print(f"[{scale} seed {seed} {side}] {text}", flush=True)  # noqa: E731
