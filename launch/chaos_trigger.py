@@ -144,7 +144,10 @@ def recurs(cond: Dict[str, Any], step: int, micro_batch: int, lr: float, node: s
 
 
 def read_conditions(folder: Path) -> List[Dict[str, Any]]:
-    """The run's recorded conditions: regular files only, bounded in count and size, the malformed skipped."""
+    """The run's recorded conditions (``rundir.read_bounded``: regular files only, no link followed, 4 KiB each), at
+    most ``MAX_CONDITIONS``, the malformed skipped."""
+    from hpc_agent.core.rundir import read_bounded
+
     found: List[Dict[str, Any]] = []
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:MAX_CONDITIONS]
@@ -152,22 +155,8 @@ def read_conditions(folder: Path) -> List[Dict[str, Any]]:
         return found
     for name in names:
         try:
-            fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:
-            import stat as _stat
-
-            if not _stat.S_ISREG(os.fstat(fd).st_mode):
-                continue
-            data = os.read(fd, 4096)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        try:
-            cond = json.loads(data)
-        except (ValueError, RecursionError):
+            cond = json.loads(read_bounded(Path(folder) / name, 4096))
+        except (OSError, ValueError, RecursionError):
             continue
         if isinstance(cond, dict) and cond.get("kind") in PERSISTENT_KINDS:
             found.append(cond)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from hpc_agent.core.fsutil import atomic_write_json
 from hpc_agent.slurm.cli import SlurmCLI, SlurmError
@@ -65,18 +65,23 @@ def job_node(slurm: SlurmCLI, job_id: str) -> Optional[str]:
     return out.split(",")[0] or None
 
 
-def running_node(slurm: SlurmCLI, run_dir: Path) -> Optional[str]:
-    """The node of the run's running job, found by the run's job name (a successor job has a new id but the same
-    name), or None."""
-    from hpc_agent.core.rundir import read_run_json
+def run_queue(slurm: SlurmCLI, run_dir: Path) -> Optional[List[Tuple[str, str]]]:
+    """``(state, first node)`` of each of the run's jobs in the queue, found by the run's job name (a successor job
+    has a new id but the same name: ``job_name_for`` of the run id, its directory's name); None if squeue fails."""
+    from hpc_agent.slurm.job_match import job_name_for
 
     try:
-        name = str(read_run_json(Path(run_dir)).get("job_name") or "")
-        out = slurm.run(["squeue", "--noheader", "--me", "--name", name, "--states", "RUNNING", "--format", "%N"],
-                        check=False).stdout.split()
-    except (SlurmError, OSError, ValueError):
+        out = slurm.run(["squeue", "--noheader", "--me", "--name", job_name_for(Path(run_dir).name),
+                         "--format", "%T %N"]).stdout
+    except SlurmError:
         return None
-    return out[0].split(",")[0] if name and out else None
+    return [(parts[0], parts[1].split(",")[0] if len(parts) > 1 else "") for parts in map(str.split, out.splitlines())
+            if parts]
+
+
+def running_node(slurm: SlurmCLI, run_dir: Path) -> Optional[str]:
+    """The node of the run's running job (:func:`run_queue`), or None."""
+    return next((node for state, node in run_queue(slurm, run_dir) or () if state == "RUNNING" and node), None)
 
 
 def kill_node(node: str) -> str:

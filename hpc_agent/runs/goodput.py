@@ -151,13 +151,12 @@ def lost_by_cause(lost: Mapping[str, Any], faults: Sequence[Tuple[str, float]], 
 
     The parts add up to ``lost["lost_s"]``."""
     out: Dict[str, float] = {}
-    left = sorted((at, kind) for kind, at in faults)
+    injected = sorted((at, kind) for kind, at in faults)
+    left = list(injected)  # those not charged yet
 
     def add(cause: str, seconds: float) -> None:
         if seconds > 0:
             out[cause] = round(out.get(cause, 0.0) + seconds, 3)
-
-    injected = sorted((at, kind) for kind, at in faults)
 
     def charge(begin: float, end: float, otherwise: str, head: Optional[Tuple[float, str]] = None) -> None:
         hits = [(at, kind) for at, kind in left if at <= end]

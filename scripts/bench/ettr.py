@@ -60,6 +60,7 @@ from hpc_agent.chaos.schedule import GPU_OOM, HANG, HOST_OOM, NAN, NODE_FAIL, PR
 from hpc_agent.core.fsutil import atomic_write_json  # noqa: E402
 from hpc_agent.runs.goodput import lost_by_cause  # noqa: E402
 from hpc_agent.slurm.cli import SlurmCLI  # noqa: E402
+from hpc_agent.slurm.queries import queue_state  # noqa: E402
 from scripts.bench.machine import machine  # noqa: E402
 
 COMMON = ["slurm.nodes=1", "slurm.cpus_per_task=1", "slurm.time=02:00:00", "train.max_steps=1000000",
@@ -123,7 +124,9 @@ class ResubmitLoop:
         job = self._job()
         if not job:
             return
-        queued = self.slurm.run(["squeue", "--noheader", "--jobs", job, "--format", "%T"], check=False).stdout.split()
+        queued = queue_state(self.slurm, job)
+        if queued is None:  # squeue could not be asked: never act on a guess
+            return
         state = ""
         if not queued:
             rows = self.slurm.run(["sacct", "-X", "-n", "-P", "-j", job, "--format", "State"],
@@ -176,22 +179,10 @@ def looks_hung(states: List[str], moved_at: float, running_since: Optional[float
 
 
 # --- one run ---------------------------------------------------------------------------------------------------------
-def queued_jobs(slurm: SlurmCLI, run_dir: Path) -> List[str]:
-    """"STATE" of every job of the run in the queue, found by the run's job name (successors included)."""
-    from hpc_agent.core.rundir import read_run_json
-
-    name = str(read_run_json(run_dir).get("job_name") or "")
-    if not name:
-        return []
-    return slurm.run(["squeue", "--noheader", "--me", "--name", name, "--format", "%T"], check=False).stdout.split()
-
-
 def cancel_run(slurm: SlurmCLI, run_dir: Path) -> None:
-    from hpc_agent.core.rundir import read_run_json
+    from hpc_agent.slurm.job_match import job_name_for
 
-    name = str(read_run_json(run_dir).get("job_name") or "")
-    if name:
-        slurm.run(["scancel", "--me", "--name", name], check=False)
+    slurm.run(["scancel", "--me", "--name", job_name_for(run_dir.name)], check=False)
 
 
 def wait_idle(timeout_s: float = 180.0) -> float:
@@ -226,7 +217,7 @@ def one_run(scale: str, seed: int, side: str, window: float, hold_s: int, work: 
         key = (len(progress.segments), progress.last_step)  # a new attempt redoing the same steps is progress too
         if key != seen["step"]:
             seen["step"], seen["moved"] = key, now
-        states = queued_jobs(slurm, run_dir)
+        states = [state for state, _ in inject.run_queue(slurm, run_dir) or ()]
         if states:
             seen["queued"] = now
         if states != ["RUNNING"]:

@@ -506,3 +506,28 @@ def test_the_summary_reads_tensorboard_one_flush_after_the_window_and_counts_ste
     read.clear()
     assert chaos._summaries() == [1000.0 + TB_FLUSH_EVERY_S + FLUSH_MARGIN_S]
     assert read == [(1000.0 + TB_FLUSH_EVERY_S + FLUSH_MARGIN_S, 1000.0 + TB_FLUSH_EVERY_S + FLUSH_MARGIN_S)]
+
+
+def test_run_queue_finds_the_runs_jobs_by_the_name_its_run_id_gives(tmp_path):
+    from types import SimpleNamespace
+
+    from hpc_agent.chaos import inject
+    from hpc_agent.slurm.cli import SlurmError
+
+    asked = []
+
+    class Slurm:
+        def run(self, argv, check=True):
+            asked.append(argv)
+            return SimpleNamespace(stdout="PENDING (None)\nRUNNING node2,node3\n", stderr="", returncode=0)
+
+    run_dir = tmp_path / "p2-run-20261205-090000"
+    assert inject.run_queue(Slurm(), run_dir) == [("PENDING", "(None)"), ("RUNNING", "node2")]
+    assert inject.running_node(Slurm(), run_dir) == "node2"
+    assert asked[0][asked[0].index("--name") + 1] == "hpc_agent:p2-run-20261205-090000"
+
+    class Down:
+        def run(self, argv, check=True):
+            raise SlurmError("squeue: slurmctld not answering")
+
+    assert inject.run_queue(Down(), run_dir) is None and inject.running_node(Down(), run_dir) is None
